@@ -1,0 +1,1 @@
+"""FKC contract files shipped with fuel_torch (data only; loaded by fuel_torch.contracts)."""

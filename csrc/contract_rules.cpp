@@ -1,0 +1,202 @@
+#include "contract_rules.h"
+
+#include <c10/util/Exception.h>
+
+#include <memory>
+#include <mutex>
+#include <sstream>
+
+namespace fuel {
+namespace {
+
+using Table = std::map<std::string, std::vector<KernelRule>>;
+
+std::mutex table_mutex;
+// Tables are never freed: a call in flight may hold a reference into an older one while a new
+// table is installed (only fuel_torch's import installs one, so this is a handful of bytes).
+std::vector<std::unique_ptr<Table>> all_tables;
+const Table* current_table = nullptr;
+
+const Table& table() {
+  std::lock_guard<std::mutex> lock(table_mutex);
+  static const Table empty;
+  return current_table ? *current_table : empty;
+}
+
+std::string join(const std::vector<std::string>& parts, const char* sep) {
+  std::string joined;
+  for (size_t i = 0; i < parts.size(); ++i) joined += (i ? sep : "") + parts[i];
+  return joined;
+}
+
+std::string fkc_dtype_name(c10::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat: return "F32";
+    case at::kDouble: return "F64";
+    case at::kBFloat16: return "BF16";
+    case at::kHalf: return "F16";
+    default: return dtype_str(dtype);
+  }
+}
+
+std::string layout_seen(const at::Tensor& t) {
+  return "shape " + shape_str(t.sizes()) + ", strides " + shape_str(t.strides()) +
+         ", storage offset " + std::to_string(t.storage_offset());
+}
+
+const char* kLayoutFix = "pass a contiguous zero-offset copy (.contiguous() or .clone()), or call through "
+                         "fuel_torch under layout_policy('contiguize')";
+
+// The first layout clause `t` breaks, most specific first; "" when it breaks none.
+std::string broken_layout_clause(const at::Tensor& t, const std::map<std::string, std::string>& layout) {
+  auto rejects = [&](const char* flag) {
+    auto it = layout.find(flag);
+    return it != layout.end() && it->second == "rejected";
+  };
+  bool negative = false, stride0 = false;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    negative |= t.stride(d) < 0;
+    stride0 |= t.stride(d) == 0 && t.size(d) > 1;
+  }
+  if (negative && rejects("reverse_strides")) return "layout.reverse_strides: rejected";
+  if (stride0 && rejects("broadcast_stride0")) return "layout.broadcast_stride0: rejected";
+  if (t.storage_offset() != 0 && rejects("start_offset")) return "layout.start_offset: rejected";
+  if (!t.is_contiguous()) {
+    if (rejects("strided")) return "layout.strided: rejected";
+    auto it = layout.find("contiguous");
+    if (it != layout.end() && it->second == "required") return "layout.contiguous: required";
+  }
+  return "";
+}
+
+// What the kernels can really read, whatever a contract claims: a contract that accepts more than
+// this (a draft, a typo) must never turn into an out-of-bounds read.
+bool kernel_can_read(const at::Tensor& t) {
+  return t.is_contiguous() && t.storage_offset() == 0;
+}
+
+}  // namespace
+
+std::string shape_str(at::IntArrayRef sizes) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < sizes.size(); ++i) os << (i ? ", " : "") << sizes[i];
+  os << "]";
+  return os.str();
+}
+
+std::string dtype_str(c10::ScalarType dtype) {
+  return "torch." + std::string(c10::getDtypeNames(dtype).first);
+}
+
+void install_rules(std::vector<KernelRule> rules) {
+  auto fresh = std::make_unique<Table>();
+  for (auto& rule : rules) (*fresh)[rule.op].push_back(std::move(rule));
+  std::lock_guard<std::mutex> lock(table_mutex);
+  current_table = fresh.get();
+  all_tables.push_back(std::move(fresh));
+}
+
+void fail(const std::string& op, const std::string& kernel, const std::string& arg, const std::string& clause,
+          const std::string& seen, const std::string& fix) {
+  TORCH_CHECK(false, "fuel::", op, " [", kernel, "]: argument '", arg, "' breaks `", clause, "`: saw ", seen,
+              ". Fix: ", fix, ".");
+}
+
+const KernelRule& check_inputs(const std::string& op, const std::vector<const at::Tensor*>& inputs) {
+  const Table& rules = table();
+  auto found = rules.find(op);
+  TORCH_CHECK(found != rules.end() && !found->second.empty() && !inputs.empty() && inputs[0],
+              "fuel::", op, ": no contract is installed for this op; import fuel_torch before calling torch.ops.fuel.*");
+  const auto& kernels = found->second;
+  const at::Tensor& first = *inputs[0];
+  const std::string& first_name = kernels.front().inputs.at(0).name;
+
+  const KernelRule* rule = nullptr;
+  std::vector<std::string> kernel_names, dtype_names;
+  for (const auto& k : kernels) {
+    if (k.dtype == first.scalar_type()) rule = &k;
+    kernel_names.push_back(k.kernel);
+    dtype_names.push_back(fkc_dtype_name(k.dtype));
+  }
+  if (!rule) {
+    fail(op, join(kernel_names, "|"), first_name, "dtypes: [" + join(dtype_names, ", ") + "]",
+         dtype_str(first.scalar_type()),
+         "convert the tensors to one of torch.float32, torch.float64, torch.bfloat16, torch.float16");
+  }
+  TORCH_CHECK(inputs.size() == rule->inputs.size(), "fuel::", op, " [", rule->kernel, "]: contract lists ",
+              rule->inputs.size(), " inputs but the op passed ", inputs.size());
+
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const InputRule& in = rule->inputs[i];
+    const at::Tensor* t = inputs[i];
+    if (!t) {
+      if (!in.optional) fail(op, rule->kernel, in.name, "optional: false", "None", "pass a tensor");
+      continue;
+    }
+    if (t->device() != first.device() || !t->device().is_cpu()) {
+      fail(op, rule->kernel, in.name, "backend: Cpu",
+           "device " + t->device().str() + " ('" + first_name + "' is on " + first.device().str() + ")",
+           "move every tensor of the call to the CPU (meta tensors only for shape inference, all of them meta)");
+    }
+    if (std::find(in.dtypes.begin(), in.dtypes.end(), t->scalar_type()) == in.dtypes.end()) {
+      std::vector<std::string> names;
+      for (auto d : in.dtypes) names.push_back(fkc_dtype_name(d));
+      fail(op, rule->kernel, in.name, "dtypes: [" + join(names, ", ") + "]", dtype_str(t->scalar_type()),
+           "convert '" + in.name + "' to " + dtype_str(rule->dtype) + " (every tensor of one call has one dtype)");
+    }
+    std::string clause = broken_layout_clause(*t, in.layout);
+    if (clause.empty() && !kernel_can_read(*t)) clause = "layout.contiguous: required";
+    if (!clause.empty()) fail(op, rule->kernel, in.name, clause, layout_seen(*t), kLayoutFix);
+    if (in.rank >= 0 && t->dim() != in.rank) {
+      fail(op, rule->kernel, in.name, "rank: " + std::to_string(in.rank),
+           "rank " + std::to_string(t->dim()) + " (shape " + shape_str(t->sizes()) + ")",
+           "pass a " + std::to_string(in.rank) + "-d tensor");
+    }
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const InputRule& in = rule->inputs[i];
+    if (in.same_as.empty() || !inputs[i]) continue;
+    for (size_t j = 0; j < inputs.size(); ++j) {
+      if (rule->inputs[j].name != in.same_as || !inputs[j] || inputs[j]->sizes() == inputs[i]->sizes()) continue;
+      fail(op, rule->kernel, in.name, "shape_constraint: same_as=" + in.same_as,
+           in.name + " " + shape_str(inputs[i]->sizes()) + ", " + in.same_as + " " + shape_str(inputs[j]->sizes()),
+           "pass tensors of one shape (the kernel does not broadcast), or call through fuel_torch under "
+           "layout_policy('contiguize'), which broadcasts first");
+    }
+  }
+  return *rule;
+}
+
+void check_out(const KernelRule& rule, const at::Tensor& out, c10::ScalarType dtype, at::IntArrayRef shape,
+               const std::vector<const at::Tensor*>& inputs) {
+  const std::string& op = rule.op;
+  const at::Tensor& first = *inputs.at(0);
+  if (out.device() != first.device()) {
+    fail(op, rule.kernel, "out", "backend: Cpu",
+         "device " + out.device().str() + " ('" + rule.inputs.at(0).name + "' is on " + first.device().str() + ")",
+         "allocate out on the device of the inputs");
+  }
+  if (out.scalar_type() != dtype) {
+    fail(op, rule.kernel, "out", "return.dtype_rule: " + rule.dtype_rule, dtype_str(out.scalar_type()),
+         "allocate out with dtype " + dtype_str(dtype) + " (.out never casts)");
+  }
+  if (out.sizes() != shape) {
+    fail(op, rule.kernel, "out", "return.shape_rule: " + rule.shape_rule,
+         "shape " + shape_str(out.sizes()) + ", expected " + shape_str(shape),
+         "allocate out with shape " + shape_str(shape) + " (.out never resizes)");
+  }
+  if (!kernel_can_read(out)) {
+    fail(op, rule.kernel, "out", "return.layout_guarantee: " + rule.layout_guarantee, layout_seen(out),
+         "pass a fresh contiguous zero-offset tensor as out");
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const at::Tensor* in = inputs[i];
+    if (in && out.numel() > 0 && in->numel() > 0 && out.storage().is_alias_of(in->storage())) {
+      fail(op, rule.kernel, "out", "return.aliasing: " + rule.aliasing,
+           "out shares memory with '" + rule.inputs.at(i).name + "'", "write into a tensor that no input uses");
+    }
+  }
+}
+
+}  // namespace fuel

@@ -1,0 +1,24 @@
+"""fuel_torch: contract-enforced CPU custom operators for PyTorch.
+
+Importing the package registers torch.ops.fuel.* (the C++ kernels), installs the rules parsed
+from the shipped FKC contracts into them, and registers the fake kernels torch.compile uses.
+"""
+import torch
+
+from . import _C  # noqa: F401  (loading the library registers the ops)
+from .contracts import Contract, ContractFormatError, ContractSet, contract, installed, load_contracts, rules_for_cpp
+from .enforce import ContractViolation
+from .layout import current_policy, layout_policy
+
+_C.install_rules(rules_for_cpp(installed()))
+
+from . import elementwise  # noqa: E402  (needs the ops registered above)
+
+add, sub, mul, div = (elementwise.API[op] for op in ("add", "sub", "mul", "div"))
+maximum, minimum, pow, rem = (elementwise.API[op] for op in ("maximum", "minimum", "pow", "rem"))
+
+__all__ = [
+    "Contract", "ContractFormatError", "ContractSet", "ContractViolation", "contract", "installed",
+    "load_contracts", "layout_policy", "current_policy",
+    "add", "sub", "mul", "div", "maximum", "minimum", "pow", "rem",
+]

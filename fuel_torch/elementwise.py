@@ -1,0 +1,65 @@
+"""The elementwise binary family: fuel::add, sub, mul, div, maximum, minimum, pow, rem.
+
+One place per concern: the contract check (shared with the fake kernels), the fake kernels
+torch.compile traces with, and the Python API that applies the layout policy.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import enforce, layout
+from .contracts import Contract, installed
+
+OPS = ("add", "sub", "mul", "div", "maximum", "minimum", "pow", "rem")
+
+# The torch op each fuel op is measured against.
+TORCH_EQUIVALENT = {
+    "add": torch.add,
+    "sub": torch.sub,
+    "mul": torch.mul,
+    "div": torch.div,
+    "maximum": torch.maximum,
+    "minimum": torch.minimum,
+    "pow": torch.pow,
+    "rem": torch.remainder,
+}
+
+
+def check(op: str, lhs: torch.Tensor, rhs: torch.Tensor, out: torch.Tensor | None = None) -> Contract:
+    operands = [("lhs", lhs), ("rhs", rhs)]
+    rule = enforce.check_inputs(installed(), op, operands)
+    if out is not None:
+        enforce.check_out(rule, out, lhs.dtype, lhs.shape, operands)
+    return rule
+
+
+def _register_fakes(op: str) -> None:
+    def fake(lhs, rhs):
+        check(op, lhs, rhs)
+        return lhs.new_empty(lhs.shape)
+
+    def fake_out(lhs, rhs, *, out):
+        check(op, lhs, rhs, out)
+        return out
+
+    torch.library.register_fake(f"fuel::{op}", fake)
+    torch.library.register_fake(f"fuel::{op}.out", fake_out)
+
+
+def _make_api(op: str):
+    packet = getattr(torch.ops.fuel, op)
+
+    def api(lhs: torch.Tensor, rhs: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+        lhs, rhs = layout.prepare((lhs, rhs), broadcast=True)
+        check(op, lhs, rhs, out)
+        return packet.default(lhs, rhs) if out is None else packet.out(lhs, rhs, out=out)
+
+    api.__name__ = api.__qualname__ = op
+    api.__doc__ = (f"fuel::{op}(lhs, rhs, *, out=None): elementwise {op} of same-shape, same-dtype CPU tensors, "
+                   f"the contract of torch.ops.fuel.{op} enforced and the layout policy applied.")
+    return api
+
+
+for _op in OPS:
+    _register_fakes(_op)
+API = {op: _make_api(op) for op in OPS}

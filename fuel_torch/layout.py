@@ -1,0 +1,54 @@
+"""The opt-in layout policy: the planner step the seed runs before a contiguous-only kernel.
+
+Kernels accept only contiguous, zero-offset operands of matching shape. By default (`strict`)
+anything else is a contract error. Under `layout_policy("contiguize")` the fuel_torch API first
+broadcasts same-dtype operands to one shape and materializes strided, offset or expanded operands
+into fresh contiguous tensors. The policy belongs to the Python API (the planner layer);
+torch.ops.fuel.* are the raw kernels and always strict.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from typing import Iterator
+
+import torch
+
+POLICIES = ("strict", "contiguize")
+_policy: contextvars.ContextVar[str] = contextvars.ContextVar("fuel_layout_policy", default="strict")
+
+
+@contextlib.contextmanager
+def layout_policy(name: str) -> Iterator[None]:
+    """`with fuel_torch.layout_policy("contiguize"):` lets the API repair awkward layouts."""
+    if name not in POLICIES:
+        raise ValueError(f"fuel_torch.layout_policy: unknown policy {name!r}; expected one of {list(POLICIES)}")
+    token = _policy.set(name)
+    try:
+        yield
+    finally:
+        _policy.reset(token)
+
+
+def current_policy() -> str:
+    return _policy.get()
+
+
+def needs_copy(t: torch.Tensor) -> bool:
+    return not (t.is_contiguous() and t.storage_offset() == 0)
+
+
+def materialize(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous, zero-offset tensor with t's values (t itself when it already is one)."""
+    return t.clone(memory_format=torch.contiguous_format) if needs_copy(t) else t
+
+
+def prepare(tensors: tuple, broadcast: bool = False) -> tuple:
+    """Apply the current policy to a call's tensor operands (None entries stay None)."""
+    if _policy.get() == "strict":
+        return tensors
+    present = [t for t in tensors if t is not None]
+    if broadcast and len({t.dtype for t in present}) == 1:
+        it = iter(torch.broadcast_tensors(*present))
+        tensors = tuple(next(it) if t is not None else None for t in tensors)
+    return tuple(materialize(t) if t is not None else None for t in tensors)
