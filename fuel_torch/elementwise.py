@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from . import enforce, layout
+from . import enforce, layout, reference
 from .contracts import Contract, installed
 
 OPS = ("add", "sub", "mul", "div", "maximum", "minimum", "pow", "rem")
@@ -63,3 +63,22 @@ def _make_api(op: str):
 for _op in OPS:
     _register_fakes(_op)
 API = {op: _make_api(op) for op in OPS}
+
+
+
+def parity(contract: Contract, numel: int = 4099, seed: int = 0) -> tuple[bool, str]:
+    """A live check of one kernel against its torch op on random data, for `python -m fuel_torch`."""
+    generator = torch.Generator().manual_seed(seed)
+    lhs, rhs = ((torch.randn(numel, generator=generator, dtype=torch.float64) * 4).to(contract.dtype)
+                for _ in range(2))
+    if contract.op == "pow":
+        lhs = lhs.abs()  # keep most results finite and away from NaN
+    ours = getattr(torch.ops.fuel, contract.op)(lhs, rhs)
+    theirs = TORCH_EQUIVALENT[contract.op](lhs, rhs)
+    name = f"torch.{TORCH_EQUIVALENT[contract.op].__name__}"
+    if contract.op == "pow":
+        # Both sides are within 1 ulp of the correctly rounded power, so at most 2 apart.
+        worst = int(reference.ulp_distance(ours, theirs).max())
+        return worst <= 2, f"within {worst} ulp of {name}"
+    same = reference.bit_equal(ours, theirs)
+    return same, f"bit-identical to {name}" if same else f"DIFFERS from {name}"
