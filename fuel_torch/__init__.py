@@ -16,6 +16,7 @@ from . import elementwise  # noqa: E402  (needs the ops registered above)
 
 add, sub, mul, div = (elementwise.API[op] for op in ("add", "sub", "mul", "div"))
 maximum, minimum, pow, rem = (elementwise.API[op] for op in ("maximum", "minimum", "pow", "rem"))
+from .cost import cost  # noqa: E402  (predicted cost of a call; calibrated by `python -m fuel_torch judge`)
 
 __all__ = [
     "Contract", "ContractFormatError", "ContractSet", "ContractViolation", "contract", "installed",
