@@ -109,8 +109,7 @@ class Expr:
                 raise ExprError(f"`{ast.unparse(node)}` needs an index: {ast.unparse(node)}[i]")
             self.names.add(node.value.id)
         elif isinstance(node, ast.Subscript):
-            index = node.slice
-            if not (isinstance(index, ast.Constant) and type(index.value) is int):
+            if _literal_index(node.slice) is None:
                 raise ExprError(f"an index must be an integer literal, got {_describe(node)}")
             base = node.value
             if isinstance(base, ast.Attribute) and isinstance(base.value, ast.Name) and base.attr == "dim":
@@ -150,7 +149,7 @@ class Expr:
         if isinstance(node, ast.Attribute):  # .numel (validated)
             return _dims(names[node.value.id], node.value.id).numel
         if isinstance(node, ast.Subscript):
-            base, index = node.value, node.slice.value
+            base, index = node.value, _literal_index(node.slice)
             if isinstance(base, ast.Attribute):
                 sizes, label = _dims(names[base.value.id], base.value.id).dim, f"{base.value.id}.dim"
             else:
@@ -161,6 +160,14 @@ class Expr:
                 raise ExprError(f"{label}[{index}] is out of range (it has {len(sizes)} entries)")
             return _number(sizes[index], f"{label}[{index}]")
         raise AssertionError(type(node))  # unreachable: _check admitted only the nodes above
+
+
+def _literal_index(node: ast.AST) -> int | None:
+    """An integer literal, optionally negated (`-1` parses as a unary minus applied to 1)."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        inner = _literal_index(node.operand)
+        return None if inner is None else -inner
+    return node.value if isinstance(node, ast.Constant) and type(node.value) is int else None
 
 
 def _dims(value: Any, name: str) -> Dims:

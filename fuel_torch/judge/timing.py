@@ -16,7 +16,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from fuel_torch import cost as cost_module
+from fuel_torch.cost import bind, formula_names, formula_values
 from fuel_torch.contracts import Contract
 
 from .expr import ExprError
@@ -90,9 +90,9 @@ def audit(contract: Contract, family: Any, level: str) -> dict:
     try:
         for call in calls:
             out = op(*call.tensors.values(), **call.params)
-            bound = cost_module.bind(contract.op, tuple(call.tensors.values()), dict(call.params))
-            names = cost_module.formula_names(contract.op, bound, out.shape, contract.dtype)
-            values = cost_module.formula_values(contract, names)
+            bound = bind(contract.op, tuple(call.tensors.values()), dict(call.params))
+            names = formula_names(contract.op, bound, out.shape, contract.dtype)
+            values = formula_values(contract, names)
             amounts.append(values[basis])
             points.append({"size": family.size_label(call), **values})
     except ExprError as error:
