@@ -130,7 +130,7 @@ def run(contracts: ContractSet, patterns: Iterable[str] | None = None, level: st
         timespec="seconds"), "level": level, "checks": list(checks), "contracts": contracts.directory,
         "contracts_are_installed": os.path.realpath(contracts.directory) == os.path.realpath(installed().directory),
         "torch": torch.__version__, "fuel_torch": _version(), "machine": machine_facts(), "kernels": []}
-    start = time.perf_counter()
+    start, load_start = time.perf_counter(), _load()
     if "cost" in checks:
         progress("measuring the machine (memory bandwidth, matmul peak, contiguize copy) ...")
         report["machine"]["measured"] = timing.machine(level)
@@ -144,6 +144,7 @@ def run(contracts: ContractSet, patterns: Iterable[str] | None = None, level: st
         verdicts = " ".join(f"{check} {entry[check]['verdict']}" for check in checks if check in entry)
         progress(f"[{number:>2}/{len(chosen)}] {contract.kernel:<22} {entry['verdict'].upper():<4} "
                  f"{verdicts or entry.get('skipped', '')} ({entry['seconds']:.1f}s)")
+    report["machine"]["load_average"] = [round(load_start, 2), round(_load(), 2)]
     audited = {(c.op, c.dtype) for c in contracts.registrable}
     report["uncovered"] = sorted(f"{c.kernel} (fuel::{c.op} {c.dtype})" for c in installed().registrable
                                  if (c.op, c.dtype) not in audited)
@@ -155,6 +156,13 @@ def run(contracts: ContractSet, patterns: Iterable[str] | None = None, level: st
     if "cost" in checks:
         report["calibration"] = calibration_of(report)
     return report
+
+
+def _load() -> float:
+    try:
+        return os.getloadavg()[0]
+    except OSError:  # not available on this platform
+        return 0.0
 
 
 def _version() -> str:

@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     result = audit.run(contracts, args.kernel, args.level, checks, progress, args.threads)
     result["command"] = ["judge", *(argv if argv is not None else sys.argv[1:])]
+    result["warnings"] = [w for w in [report.busy_warning(result)] if w]
     why_no_png = report.roofline(result, out / "roofline.png")
     result["roofline"] = "roofline.png" if why_no_png is None else why_no_png
     if "calibration" in result and not args.no_save_calibration:

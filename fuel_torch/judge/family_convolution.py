@@ -63,6 +63,8 @@ def _make(op: str, config: tuple, dtype: torch.dtype, generator: torch.Generator
             return torch.randint(-3, 4, shape, generator=generator).to(dtype)
         return torch.randn(shape, generator=generator, dtype=torch.float64).to(dtype)
 
+    # int[2] parameters always as pairs: torch.ops schemas do not turn a bare int into a list.
+    stride, padding, dilation, output_padding = map(_pair, (stride, padding, dilation, output_padding))
     if op == "conv2d":
         weight = rand(cout, cin // groups, kh, kw)
         params = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
@@ -129,17 +131,17 @@ def shape_violations(contract: Contract, clause: InputClause, base: Call) -> lis
 
 def param_violations(contract: Contract, base: Call) -> list[tuple[str, Call]]:
     """Parameters the family's validation refuses (issue 3): each must be a contract error on every path."""
-    bad = [("stride 0", dict(stride=0)), ("padding -1", dict(padding=-1)), ("dilation 0", dict(dilation=0)),
+    bad = [("stride 0", dict(stride=(0, 1))), ("padding -1", dict(padding=(0, -1))), ("dilation 0", dict(dilation=(0, 1))),
            ("groups 0", dict(groups=0)), ("groups 3 does not divide the channels", dict(groups=3)),
-           ("dilation 2**62 (int64 overflow in the window size)", dict(dilation=2 ** 62))]
+           ("dilation 2**62 (int64 overflow in the window size)", dict(dilation=(2 ** 62, 1)))]
     if base.op == "conv_transpose2d":
         bad += [("output_padding >= stride and dilation", dict(output_padding=(2, 2))),
-                ("stride 2**62 (int64 overflow in the output size)", dict(stride=2 ** 62)),
+                ("stride 2**62 (int64 overflow in the output size)", dict(stride=(2 ** 62, 1))),
                 ("padding so large the output is empty", dict(padding=(10, 10)))]
     calls = [(label, base.with_params(**params)) for label, params in bad]
     if base.op == "conv2d":
         tiny = base.with_tensor("x", base.tensors["x"][:, :, :1, :1].contiguous())
-        calls.append(("kernel larger than the padded input", tiny.with_params(padding=0)))
+        calls.append(("kernel larger than the padded input", tiny.with_params(padding=(0, 0))))
     return calls
 
 

@@ -10,6 +10,16 @@ from .precision import format_ulp
 ROOFLINE_HINT = "roofline.png needs matplotlib: pip install 'fuel-torch[judge]' (or pip install matplotlib)"
 
 
+def busy_warning(report: dict) -> str | None:
+    """Other work on the machine skews every timing; say so instead of presenting noise as a result."""
+    # The load when the Judge started: later readings include the Judge's own threads.
+    load, cpus = report["machine"].get("load_average", [0.0])[0], report["machine"]["cpu_count"] or 1
+    if "cost" in report["checks"] and load > max(1.0, 0.5 * cpus):
+        return (f"WARNING: the machine was busy (1-minute load average {load:.1f} on {cpus} CPUs at the start): cost "
+                "figures and ratios include other programs' time; rerun on a quiet machine to calibrate")
+    return None
+
+
 def _conformance_cell(c: dict | None) -> str:
     if not c:
         return "-"
@@ -27,7 +37,9 @@ def _error_text(values: dict, key: str) -> str:
     value = values.get(key)
     if value is None:
         return "-"
-    return format_ulp(value) if key == "max_ulp" else f"{value:.2g}"
+    if key == "max_ulp":
+        return format_ulp(value)
+    return f"{value:.2g} {'rel' if key == 'max_relative' else 'abs'}"
 
 
 def _precision_cell(p: dict | None) -> tuple[str, str]:
@@ -48,7 +60,7 @@ def _precision_cell(p: dict | None) -> tuple[str, str]:
 def _claim(value, key: str) -> str:
     if value is None:
         return "(no claim)"
-    return f"{value} ulp" if key == "max_ulp" else f"{value:g}"
+    return f"{value} ulp" if key == "max_ulp" else f"{value:g} {'rel' if key == 'max_relative' else 'abs'}"
 
 
 def _determinism_cell(d: dict | None) -> str:
@@ -107,6 +119,8 @@ def table(report: dict) -> str:
         peaks = ", ".join(f"{k} {v:.1f}" for k, v in measured["peak_GFLOPs"].items())
         lines.append(f"machine: {machine['cpu']}, {machine['torch_threads']} threads; memory bandwidth "
                      f"{measured['memory_bandwidth_GBps']:.1f} GB/s, matmul peak GFLOP/s {peaks}")
+    if (warning := busy_warning(report)) is not None:
+        lines.append(warning)
     lines.append("time vs torch: our median time / torch's at the largest size (below 1: faster). "
                  "n/c: not constructible in torch (reverse_strides).")
     if report.get("uncovered"):
