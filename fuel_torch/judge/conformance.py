@@ -64,6 +64,15 @@ class _Audit:
         return outcomes
 
 
+def _with_rank(t: torch.Tensor, rank: int) -> torch.Tensor:
+    """t's elements as a contiguous tensor of `rank` dimensions (leading 1s added, trailing dims merged)."""
+    if rank >= t.dim():
+        return t.reshape((1,) * (rank - t.dim()) + tuple(t.shape)).contiguous()
+    if rank == 0:
+        return t.reshape(-1)[0].clone()
+    return t.reshape(tuple(t.shape[:rank - 1]) + (-1,)).contiguous()
+
+
 def _shape(result: Any) -> tuple:
     return tuple(result.shape)
 
@@ -240,12 +249,11 @@ def audit(contract: Contract, family: Any) -> dict:
             else:
                 a.add(claim, probe, UNVERIFIED, detail="`required` is only meaningful for `contiguous`")
         if clause.rank is not None:
-            wrong_ranks = [t.unsqueeze(0)]
-            if t.dim() >= 1:
-                wrong_ranks.append(t.reshape(t.shape[:-2] + (-1,)) if t.dim() >= 2 else t[0])
-            for bad in wrong_ranks:
-                a.expect_reject(f"{clause.name}.rank: {clause.rank}", f"{clause.name} of rank {bad.dim()}",
-                                base.with_tensor(clause.name, bad))
+            # Ranks next to the claimed one, and the base tensor's own rank if the claim excludes it.
+            for rank in sorted({clause.rank - 1, clause.rank + 1, t.dim()} - {clause.rank}):
+                if rank >= 0:
+                    a.expect_reject(f"{clause.name}.rank: {clause.rank}", f"{clause.name} of rank {rank}",
+                                    base.with_tensor(clause.name, _with_rank(t, rank)))
         if clause.shape_constraint:
             claim = f"{clause.name}.shape_constraint: {clause.shape_constraint}"
             violations = family.shape_violations(contract, clause, base)

@@ -8,6 +8,7 @@ same (already rounded) inputs: float64 arithmetic for f32 and the halves (its ro
 """
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 from fuel_torch.contracts import Contract, InputClause
 
 from .exact import round_to
+from .expr import Expr, ExprError
 from .probes import Call
 
 OPS = ("conv2d", "conv_transpose2d")
@@ -87,12 +89,59 @@ def positive_calls(contract: Contract) -> list[tuple[str, Call]]:
     return calls
 
 
+def _split_top_level(text: str) -> list[str]:
+    parts, depth, current = [], 0, ""
+    for ch in text:
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += ch
+    return parts + [current]
+
+
 def expected_shape(rule: str, call: Call):
-    """`conv2d(params)` / `conv_transpose2d(params)`: the shape torch computes for the same call."""
-    if not re.match(rf"\s*{call.op}\b", rule):
+    """The output shape a shape rule promises for `call`, or None when the rule is not understood.
+
+    Understood: `conv2d(params)` / `conv_transpose2d(params)` (torch's formula), and the explicit
+    form `[e0, e1, out.dim[2], out.dim[3]], out.dim[2 + i] = <formula in i>`, evaluated with the
+    safe evaluator (i = 0, 1; `/` on the non-negative sizes is the integer division it means)."""
+    if re.match(rf"\s*{call.op}\s*\(", rule):
+        meta = [None if t is None else torch.empty(t.shape, dtype=t.dtype, device="meta") for t in call.tensors.values()]
+        return tuple(TORCH[call.op](*meta, **call.params).shape)
+    text = rule.strip()
+    if not text.startswith("["):
         return None
-    meta = [None if t is None else torch.empty(t.shape, dtype=t.dtype, device="meta") for t in call.tensors.values()]
-    return tuple(TORCH[call.op](*meta, **call.params).shape)
+    depth = 0
+    for end, ch in enumerate(text):
+        depth += ch == "["
+        depth -= ch == "]"
+        if depth == 0:
+            break
+    match = re.fullmatch(r"\s*,\s*out\.dim\[\s*2\s*\+\s*i\s*\]\s*=\s*(.+)", text[end + 1:])
+    if not match:
+        return None
+    from fuel_torch.cost import bind, formula_names  # noqa: PLC0415 - fuel_torch.cost imports the judge package
+
+    bound = bind(call.op, tuple(call.tensors.values()), dict(call.params))
+    names = formula_names(call.op, bound, (), call.tensors["x"].dtype)
+    del names["out"]  # the shape being derived
+    shape = []
+    try:
+        for entry in _split_top_level(text[1:end]):
+            spatial = re.fullmatch(r"\s*out\.dim\[\s*([23])\s*\]\s*", entry)
+            if spatial:
+                i = int(spatial.group(1)) - 2
+                formula = re.sub(r"\[\s*2\s*\+\s*i\s*\]", f"[{2 + i}]", match.group(1))
+                formula = re.sub(r"\[\s*i\s*\]", f"[{i}]", formula)
+                shape.append(math.floor(Expr(formula).evaluate(names)))
+            else:
+                shape.append(Expr(entry).evaluate(names))
+    except ExprError:
+        return None
+    return tuple(int(v) for v in shape)
 
 
 def _torch_rejects(call: Call) -> bool:
@@ -212,6 +261,27 @@ def exact_reference(call: Call) -> tuple[np.ndarray, np.ndarray]:
 
 def round_reference(exact: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     return round_to(exact.astype(np.float64), dtype)
+
+
+ACCUMULATOR_U = {torch.float64: 2.0 ** -53}  # every other dtype accumulates in float32: 2^-24
+HALF_PRECISION = {torch.bfloat16: 8, torch.float16: 11}  # significand bits
+HALF_MIN_EXPONENT = {torch.bfloat16: -126, torch.float16: -14}
+BOUND_NOTE = ("issue 3's accumulation bound, stated in the contract notes: |out - exact| <= (K + 2) * u * "
+              "(conv(|x|, |weight|) + |bias|), u the accumulator's unit roundoff, K the taps per output; "
+              "plus ulp(out) / 2 for the halves' one rounding")
+
+
+def accumulation_bound(call: Call, result: torch.Tensor, scale: np.ndarray) -> np.ndarray:
+    """The bound above, elementwise, for this call's result."""
+    weight, dtype = call.tensors["weight"], result.dtype
+    taps = weight.shape[2] * weight.shape[3] * (weight.shape[1] if call.op == "conv2d"
+                                                 else weight.shape[0] // call.params["groups"])
+    bound = (taps + 2) * ACCUMULATOR_U.get(dtype, 2.0 ** -24) * scale.astype(np.float64)
+    if dtype in HALF_PRECISION:
+        _, exponent = np.frexp(np.abs(result.double().numpy()))
+        ulp = np.ldexp(1.0, np.maximum(exponent, HALF_MIN_EXPONENT[dtype] + 1) - HALF_PRECISION[dtype])
+        bound = bound + ulp / 2
+    return bound
 
 
 def reference_note(op: str) -> str:

@@ -70,6 +70,7 @@ def audit(contract: Contract, family: Any, level: str) -> dict:
     ours = {"max_ulp": 0, "max_relative": 0.0, "max_absolute": 0.0}
     theirs = {"max_ulp": 0, "max_relative": 0.0, "max_absolute": 0.0}
     worst: dict | None = None
+    bound_ratio: float | None = None  # measured error / the family's documented bound, worst case
     torch_note = ""
     elements = 0
     for call in calls:
@@ -94,6 +95,11 @@ def audit(contract: Contract, family: Any, level: str) -> dict:
                     target["max_ulp"] = max(target["max_ulp"], int(ulp_errors(value, rounded).max()))
             errors = ulp_errors(result, rounded)
             ref = rounded
+            if hasattr(family, "accumulation_bound") and result.numel():
+                error = np.abs(result.double().numpy().astype(exact.dtype) - exact).astype(np.float64)
+                limit = family.accumulation_bound(call, result, scale)
+                ratio = float(np.max(np.divide(error, limit, out=np.zeros_like(error), where=limit > 0)))
+                bound_ratio = max(bound_ratio or 0.0, ratio)
         else:  # correctly rounded reference in the dtype
             ref = family.reference(call)
             errors = ulp_errors(result, ref)
@@ -106,8 +112,15 @@ def audit(contract: Contract, family: Any, level: str) -> dict:
     for key, bound in declared.items():
         if bound is not None and ours[key] > bound:
             failed.append(f"precision.{key}: {bound} (measured {format_ulp(ours[key]) if key == 'max_ulp' else f'{ours[key]:.3g}'})")
+    bound = None
+    if bound_ratio is not None:
+        bound = {"what": family.BOUND_NOTE, "max_error_over_bound": bound_ratio}
+        # The slack is the reference's own error relative to the bound (long double vs f64: < 2^-11).
+        if bound_ratio > 1 + 2.0 ** -11:
+            failed.append(f"precision.notes: the documented accumulation bound (measured {bound_ratio:.3g}x of it)")
     return {
         "declared": declared,
+        **({"documented_bound": bound} if bound else {}),
         "measured": ours,
         "torch": {**theirs, "op": family.torch_name(contract.op), **({"note": torch_note} if torch_note else {})},
         "worst_case": worst,

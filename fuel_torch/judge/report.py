@@ -49,11 +49,14 @@ def _precision_cell(p: dict | None) -> tuple[str, str]:
         return "FAIL (crashed)", "-"
     declared = p["declared"]
     keys = [k for k in ("max_ulp", "max_relative", "max_absolute") if declared.get(k) is not None]
-    if not keys:  # nothing declared: show the natural unit (ulp, or relative error against the exact sum)
-        keys = ["max_relative"] if p.get("kind") == "exact" else ["max_ulp"]
-    ours = ", ".join(f"{_error_text(p['measured'], k)} <= {_claim(declared.get(k), k)}" for k in keys)
+    if not keys:  # nothing declared: the natural unit (ulp; relative error of a sum in f32/f64)
+        keys = ["max_relative"] if p.get("kind") == "exact" and p["measured"]["max_relative"] < 1e-5 else ["max_ulp"]
+    ours = ", ".join(f"{_error_text(p['measured'], k)} <= {_claim(declared[k], k)}" if declared.get(k) is not None
+                     else f"{_error_text(p['measured'], k)} (no claim)" for k in keys)
     status = {"fail": "FAIL ", "pass": "", "no claim": ""}[p["verdict"]]
     theirs = ", ".join(_error_text(p["torch"], k) for k in keys) if "max_ulp" in p["torch"] else "n/a"
+    if "documented_bound" in p:
+        ours += f", {p['documented_bound']['max_error_over_bound']:.2g}x documented bound"
     return status + ours, theirs
 
 
