@@ -204,3 +204,12 @@ def test_empty_tensors_have_no_layout_to_break():
         assert torch.ops.fuel.add(lhs, torch.empty(0, 10, 3)).shape == (0, 10, 3)
         assert fuel_torch.add(lhs, torch.empty(0, 10, 3)).shape == (0, 10, 3)
         assert fake(lhs, torch.empty(0, 10, 3), None).shape == (0, 10, 3)
+
+
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div", "maximum", "minimum", "pow", "rem"])
+def test_out_overloads_carry_torchs_out_tag(op):
+    """torch.compile functionalizes .out overloads by this tag."""
+    packet = getattr(torch.ops.fuel, op)
+    assert torch.Tag.out in packet.out.tags
+    assert torch.Tag.out not in packet.default.tags
+    assert packet.out._schema.arguments[-1].alias_info.is_write
