@@ -42,7 +42,8 @@ using at::vec::Vectorized;
 // the Python twin and must produce the same messages in the same order (a test compares them).
 
 constexpr const char* kOverflowClause = "op_params.overflow: every intermediate size and product fits in int64";
-constexpr const char* kAllocationClause = "return.allocation: out.numel * dtype_bytes <= physical memory";
+constexpr const char* kAllocationClause =
+    "return.allocation: out.numel * dtype_bytes <= physical memory; strides and byte size within int64";
 constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
 
 struct Problem {
@@ -212,18 +213,22 @@ Problem validate(const Checker& c, const at::Tensor& x, const at::Tensor& weight
   return p;
 }
 
-// Refuses an output this machine cannot hold, before anything is allocated.
+// Refuses an output this machine cannot hold, before anything is allocated. The extents are
+// multiplied with empty dimensions counted as 1, as a contiguous tensor's strides are: an empty
+// batch still needs the strides of its other dimensions to fit in int64.
 void check_allocation(const Checker& c, const Problem& p, c10::ScalarType dtype) {
   const std::vector<int64_t> shape = {p.N, p.Cout, p.Ho, p.Wo};
-  int64_t bytes = 1;
+  const int64_t element = static_cast<int64_t>(c10::elementSize(dtype));
+  int64_t extent = element, bytes = element;
   bool overflow = false;
-  for (int64_t extent : shape) overflow |= c10::mul_overflows(bytes, extent, &bytes);
-  overflow |= c10::mul_overflows(bytes, static_cast<int64_t>(c10::elementSize(dtype)), &bytes);
+  for (int64_t size : shape) {
+    overflow |= c10::mul_overflows(extent, std::max<int64_t>(size, 1), &extent);
+    bytes = overflow ? 0 : bytes * size;
+  }
   const int64_t physical = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
   const std::string what = "out shape " + shape_str(shape) + " of " + dtype_str(dtype) + ": ";
   if (overflow) {
-    c.fail("out", kAllocationClause, what + "more than " + std::to_string(kInt64Max) + " bytes",
-           "use smaller sizes, or split the batch");
+    c.fail("out", kAllocationClause, what + "strides or byte size beyond int64", "use smaller sizes, or split the batch");
   }
   if (bytes > physical) {
     c.fail("out", kAllocationClause,

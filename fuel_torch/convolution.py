@@ -29,7 +29,7 @@ INT64_MAX = 2**63 - 1
 INT64_MIN = -(2**63)
 # Clause texts quoted from contracts/convolution.fkc.md (tests assert every one is in the contract).
 OVERFLOW = "op_params.overflow: every intermediate size and product fits in int64"
-ALLOCATION = "return.allocation: out.numel * dtype_bytes <= physical memory"
+ALLOCATION = "return.allocation: out.numel * dtype_bytes <= physical memory; strides and byte size within int64"
 CONV2D_KERNEL_FITS = "shape_constraint: dilation[i] * (weight.dim[2 + i] - 1) + 1 <= x.dim[2 + i] + 2 * padding[i]"
 TRANSPOSE_OUTPUT_SIZE = ("shape_constraint: (x.dim[2 + i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * "
                          "(weight.dim[2 + i] - 1) + output_padding[i] + 1 >= 1")
@@ -149,13 +149,17 @@ def output_shape(rule: Contract, x: torch.Tensor, weight: torch.Tensor, bias: to
 
 
 def check_allocation(rule: Contract, shape: Sequence, dtype: torch.dtype) -> None:
-    """Refuse an output this machine cannot hold (twin of check_allocation() in C++)."""
+    """Refuse an output this machine cannot hold (twin of check_allocation() in C++). Empty dimensions
+    count as 1 in the overflow test, as in a contiguous tensor's strides."""
     c = _Checker(rule)
+    extent = dtype.itemsize
+    for size in shape:
+        extent = extent * max(size, 1)
+    what = f"out shape {enforce.shape_str(shape)} of {enforce.dtype_str(dtype)}: "
+    if extent > INT64_MAX:
+        c.fail("out", ALLOCATION, what + "strides or byte size beyond int64", "use smaller sizes, or split the batch")
     nbytes = shape[0] * shape[1] * shape[2] * shape[3] * dtype.itemsize
     physical = physical_memory()
-    what = f"out shape {enforce.shape_str(shape)} of {enforce.dtype_str(dtype)}: "
-    if nbytes > INT64_MAX:
-        c.fail("out", ALLOCATION, what + f"more than {INT64_MAX} bytes", "use smaller sizes, or split the batch")
     if nbytes > physical:
         c.fail("out", ALLOCATION, what + f"{nbytes} bytes, physical memory {physical} bytes",
                "use smaller sizes, or split the batch")

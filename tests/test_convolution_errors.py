@@ -272,16 +272,21 @@ fuel::conv_transpose2d [conv_transpose2d_f32]: argument 'groups' breaks `op_para
 class TestAllocation(expecttest.TestCase):
     def test_output_beyond_physical_memory(self):
         self.assertExpectedInline(reject("conv2d", x_(1, 1, 1, 1), x_(1, 1, 1, 1), padding=2**20), """\
-fuel::conv2d [conv2d_f32]: argument 'out' breaks `return.allocation: out.numel * dtype_bytes <= physical memory`: saw out shape [1, 1, 2097153, 2097153] of torch.float32: 17592202821636 bytes, physical memory <N> bytes. Fix: use smaller sizes, or split the batch.""")
+fuel::conv2d [conv2d_f32]: argument 'out' breaks `return.allocation: out.numel * dtype_bytes <= physical memory; strides and byte size within int64`: saw out shape [1, 1, 2097153, 2097153] of torch.float32: 17592202821636 bytes, physical memory <N> bytes. Fix: use smaller sizes, or split the batch.""")
 
     def test_output_beyond_int64_bytes(self):
         self.assertExpectedInline(reject("conv2d", x_(1, 1, 1, 1), x_(1, 1, 1, 1), padding=2**40), """\
-fuel::conv2d [conv2d_f32]: argument 'out' breaks `return.allocation: out.numel * dtype_bytes <= physical memory`: saw out shape [1, 1, 2199023255553, 2199023255553] of torch.float32: more than 9223372036854775807 bytes. Fix: use smaller sizes, or split the batch.""")
+fuel::conv2d [conv2d_f32]: argument 'out' breaks `return.allocation: out.numel * dtype_bytes <= physical memory; strides and byte size within int64`: saw out shape [1, 1, 2199023255553, 2199023255553] of torch.float32: strides or byte size beyond int64. Fix: use smaller sizes, or split the batch.""")
+
+    def test_empty_batch_with_strides_beyond_int64(self):
+        # Zero bytes, but the strides of a contiguous [0, 1, 2**41 + 1, 2**41 + 1] tensor overflow.
+        self.assertExpectedInline(reject("conv2d", x_(0, 1, 1, 1), x_(1, 1, 1, 1), padding=2**40), """\
+fuel::conv2d [conv2d_f32]: argument 'out' breaks `return.allocation: out.numel * dtype_bytes <= physical memory; strides and byte size within int64`: saw out shape [0, 1, 2199023255553, 2199023255553] of torch.float32: strides or byte size beyond int64. Fix: use smaller sizes, or split the batch.""")
 
     def test_transpose_output_beyond_physical_memory(self):
         x, w = x_(1, 2, 1, 1, dtype=torch.float16), x_(2, 1, 2, 2, dtype=torch.float16)
         self.assertExpectedInline(reject("conv_transpose2d", x, w, dilation=2**21), """\
-fuel::conv_transpose2d [conv_transpose2d_f16]: argument 'out' breaks `return.allocation: out.numel * dtype_bytes <= physical memory`: saw out shape [1, 1, 2097153, 2097153] of torch.float16: 8796101410818 bytes, physical memory <N> bytes. Fix: use smaller sizes, or split the batch.""")
+fuel::conv_transpose2d [conv_transpose2d_f16]: argument 'out' breaks `return.allocation: out.numel * dtype_bytes <= physical memory; strides and byte size within int64`: saw out shape [1, 1, 2097153, 2097153] of torch.float16: 8796101410818 bytes, physical memory <N> bytes. Fix: use smaller sizes, or split the batch.""")
 
 
 class TestOut(expecttest.TestCase):
