@@ -65,10 +65,14 @@ struct Checker {
     fail(arg, kOverflowClause, expr + " overflows int64 (" + context + ")", "use a smaller " + arg);
   }
 
-  int64_t mul(int64_t a, int64_t b, const std::string& arg, const std::string& expr,
-              const std::string& context) const {
+  // a * b, or the overflow error; describe() gives its (expression, context) only when needed.
+  template <typename Describe>
+  int64_t mul(int64_t a, int64_t b, const char* arg, Describe describe) const {
     int64_t result = 0;
-    if (c10::mul_overflows(a, b, &result)) overflow(arg, expr, context);
+    if (c10::mul_overflows(a, b, &result)) {
+      const auto [expr, context] = describe();
+      overflow(arg, expr, context);
+    }
     return result;
   }
 
@@ -89,8 +93,6 @@ struct Checker {
     }
   }
 };
-
-std::string i_str(int64_t i) { return std::to_string(i); }
 
 Problem validate(const Checker& c, const at::Tensor& x, const at::Tensor& weight, const at::Tensor* bias,
                  at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
@@ -128,81 +130,90 @@ Problem validate(const Checker& c, const at::Tensor& x, const at::Tensor& weight
   p.W = x.size(3);
   p.Kh = weight.size(2);
   p.Kw = weight.size(3);
-  const std::string xs = "x shape " + shape_str(x.sizes()), ws = "weight shape " + shape_str(weight.sizes());
-  const std::string gs = "groups " + std::to_string(groups);
+  // What the messages show, built only when one is raised.
+  auto xs = [&] { return "x shape " + shape_str(x.sizes()); };
+  auto ws = [&] { return "weight shape " + shape_str(weight.sizes()); };
+  auto gs = [&] { return "groups " + std::to_string(groups); };
 
   if (p.Cin % groups != 0) {
-    c.fail("x", "shape_constraint: x.dim[1] % groups == 0", xs + ", " + gs,
+    c.fail("x", "shape_constraint: x.dim[1] % groups == 0", xs() + ", " + gs(),
            "use a groups value that divides the input channels x.dim[1]");
   }
   if (!p.transpose) {
     if (weight.size(0) % groups != 0) {
-      c.fail("weight", "shape_constraint: weight.dim[0] % groups == 0", ws + ", " + gs,
+      c.fail("weight", "shape_constraint: weight.dim[0] % groups == 0", ws() + ", " + gs(),
              "give weight a number of output channels weight.dim[0] divisible by groups");
     }
     if (weight.size(1) != p.Cin / groups) {
-      c.fail("weight", "shape_constraint: weight.dim[1] == x.dim[1] / groups", ws + ", " + xs + ", " + gs,
+      c.fail("weight", "shape_constraint: weight.dim[1] == x.dim[1] / groups", ws() + ", " + xs() + ", " + gs(),
              "give weight x.dim[1] / groups = " + std::to_string(p.Cin / groups) +
                  " input channels in dimension 1 (conv2d weights are [Cout, Cin / groups, Kh, Kw])");
     }
     p.Cout = weight.size(0);
   } else {
     if (weight.size(0) != p.Cin) {
-      c.fail("weight", "shape_constraint: weight.dim[0] == x.dim[1]", ws + ", " + xs,
+      c.fail("weight", "shape_constraint: weight.dim[0] == x.dim[1]", ws() + ", " + xs(),
              "give weight x.dim[1] = " + std::to_string(p.Cin) +
                  " input channels in dimension 0 (conv_transpose2d weights are [Cin, Cout / groups, Kh, Kw])");
     }
-    p.Cout = c.mul(weight.size(1), groups, "groups", "weight.dim[1] * groups", ws + ", " + gs);
+    p.Cout = c.mul(weight.size(1), groups, "groups",
+                   [&] { return std::pair(std::string("weight.dim[1] * groups"), ws() + ", " + gs()); });
   }
   if (p.Kh < 1 || p.Kw < 1) {
-    c.fail("weight", "shape_constraint: weight.dim[2 + i] >= 1", ws, "use a kernel of at least 1x1");
+    c.fail("weight", "shape_constraint: weight.dim[2 + i] >= 1", ws(), "use a kernel of at least 1x1");
   }
   if (bias && bias->size(0) != p.Cout) {
     const std::string bs = "bias shape " + shape_str(bias->sizes());
     if (!p.transpose) {
-      c.fail("bias", "shape_constraint: bias.dim[0] == weight.dim[0]", bs + ", " + ws,
+      c.fail("bias", "shape_constraint: bias.dim[0] == weight.dim[0]", bs + ", " + ws(),
              "pass a bias with one value per output channel (" + std::to_string(p.Cout) + ")");
     }
-    c.fail("bias", "shape_constraint: bias.dim[0] == weight.dim[1] * groups", bs + ", " + ws + ", " + gs,
+    c.fail("bias", "shape_constraint: bias.dim[0] == weight.dim[1] * groups", bs + ", " + ws() + ", " + gs(),
            "pass a bias with one value per output channel (" + std::to_string(p.Cout) + ")");
   }
 
   // Spatial sizes: every product is checked; sums of checked terms are evaluated in 128 bits and
   // then range-checked, so nothing wraps before it is compared.
-  const std::string ss = "stride " + shape_str(stride), ps = "padding " + shape_str(padding),
-                    ds = "dilation " + shape_str(dilation);
+  auto ss = [&] { return "stride " + shape_str(stride); };
+  auto ps = [&] { return "padding " + shape_str(padding); };
+  auto ds = [&] { return "dilation " + shape_str(dilation); };
   for (int i = 0; i < 2; ++i) {
-    const std::string d = "[" + i_str(2 + i) + "]", k = "[" + i_str(i) + "]";
+    auto d = [i] { return "[" + std::to_string(2 + i) + "]"; };
+    auto k = [i] { return "[" + std::to_string(i) + "]"; };
     const int64_t in = x.size(2 + i), kernel = weight.size(2 + i);
-    const int64_t twice_pad = c.mul(2, padding[i], "padding", "2 * padding" + k, ps);
-    const int64_t reach = c.mul(dilation[i], kernel - 1, "dilation", "dilation" + k + " * (weight.dim" + d + " - 1)",
-                                ws + ", " + ds);
+    const int64_t twice_pad = c.mul(2, padding[i], "padding", [&] { return std::pair("2 * padding" + k(), ps()); });
+    const int64_t reach = c.mul(dilation[i], kernel - 1, "dilation", [&] {
+      return std::pair("dilation" + k() + " * (weight.dim" + d() + " - 1)", ws() + ", " + ds());
+    });
     __int128 size = 0;
     if (!p.transpose) {
       const __int128 padded = static_cast<__int128>(in) + twice_pad;
       if (padded > kInt64Max) {
-        c.overflow("padding", "x.dim" + d + " + 2 * padding" + k, xs + ", " + ps);
+        c.overflow("padding", "x.dim" + d() + " + 2 * padding" + k(), xs() + ", " + ps());
       }
       if (static_cast<__int128>(reach) + 1 > padded) {
         c.fail("weight", "shape_constraint: dilation[i] * (weight.dim[2 + i] - 1) + 1 <= x.dim[2 + i] + 2 * padding[i]",
-               "i = " + i_str(i) + ": " + std::to_string(dilation[i]) + " * (" + std::to_string(kernel) + " - 1) + 1 > " +
+               "i = " + std::to_string(i) + ": " + std::to_string(dilation[i]) + " * (" + std::to_string(kernel) + " - 1) + 1 > " +
                    std::to_string(in) + " + 2 * " + std::to_string(padding[i]),
                "use a smaller kernel or dilation, or more padding");
       }
       size = (padded - reach - 1) / stride[i] + 1;
     } else {
-      const int64_t spread = c.mul(in - 1, stride[i], "stride", "(x.dim" + d + " - 1) * stride" + k, xs + ", " + ss);
+      const int64_t spread = c.mul(in - 1, stride[i], "stride",
+                                   [&] { return std::pair("(x.dim" + d() + " - 1) * stride" + k(), xs() + ", " + ss()); });
       size = static_cast<__int128>(spread) - twice_pad + reach + p.output_padding[i] + 1;
       if (size > kInt64Max) {
-        c.overflow("x", "(x.dim" + d + " - 1) * stride" + k + " - 2 * padding" + k + " + dilation" + k + " * (weight.dim" +
-                            d + " - 1) + output_padding" + k + " + 1",
-                   xs + ", " + ws + ", " + ss + ", " + ps + ", " + ds + ", output_padding " + shape_str(*output_padding));
+        c.overflow("x",
+                   "(x.dim" + d() + " - 1) * stride" + k() + " - 2 * padding" + k() + " + dilation" + k() +
+                       " * (weight.dim" + d() + " - 1) + output_padding" + k() + " + 1",
+                   xs() + ", " + ws() + ", " + ss() + ", " + ps() + ", " + ds() + ", output_padding " +
+                       shape_str(*output_padding));
       }
       if (size < 1) {
         c.fail("x",
                "shape_constraint: (x.dim[2 + i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (weight.dim[2 + i] - 1) "
                "+ output_padding[i] + 1 >= 1",
-               "i = " + i_str(i) + ": (" + std::to_string(in) + " - 1) * " + std::to_string(stride[i]) + " - 2 * " +
+               "i = " + std::to_string(i) + ": (" + std::to_string(in) + " - 1) * " + std::to_string(stride[i]) + " - 2 * " +
                    std::to_string(padding[i]) + " + " + std::to_string(dilation[i]) + " * (" + std::to_string(kernel) +
                    " - 1) + " + std::to_string(p.output_padding[i]) + " + 1 = " + std::to_string(static_cast<int64_t>(size)),
                "use less padding, or a larger input, kernel, stride or dilation");
@@ -343,61 +354,103 @@ inline void narrow(const acc_t* src, scalar_t* dst, int64_t n) {
   }
 }
 
-// outer[c][0..width) += sum over taps [0, taps) of w[c][t] * col[t][0..width), for CB channels.
-// The taps (one chunk, at most kTapChunk, starting at a multiple of it) are summed in three levels:
-// blocks of kBlock taps from zero, the chunk's blocks from zero, then the chunk into the running
-// total. Block and chunk boundaries sit at fixed multiples from the first tap, so the order of every
-// sum is fixed by the geometry. width is a multiple of kVectorBlock vectors.
-template <typename acc_t, int CB>
-void multiply(const acc_t* w, int64_t ldw, const acc_t* col, int64_t ldc, int64_t taps, acc_t* outer,
-              int64_t ldo, int64_t width) {
+// outer[c][0..VB vectors) += sum over taps [0, taps) of w[c][t] * col[t][0..VB vectors), for CB
+// channels. The taps (one chunk, at most kTapChunk, starting at a multiple of it) are summed in
+// three levels: blocks of kBlock taps from zero, the chunk's blocks from zero, then the chunk into
+// the running total. Block and chunk boundaries sit at fixed multiples from the first tap, so the
+// order of every sum is fixed by the geometry; CB and VB only choose how many sums run side by side.
+template <typename acc_t, int CB, int VB>
+inline void multiply_block(const acc_t* w, int64_t ldw, const acc_t* col, int64_t ldc, int64_t taps, acc_t* outer,
+                           int64_t ldo) {
   using Vec = Vectorized<acc_t>;
   constexpr int64_t V = Vec::size();
-  for (int64_t p = 0; p < width; p += kVectorBlock * V) {
-    Vec chunk[CB][kVectorBlock];
+  Vec chunk[CB][VB];
+  for (int c = 0; c < CB; ++c) {
+    for (int v = 0; v < VB; ++v) chunk[c][v] = Vec(acc_t(0));
+  }
+  for (int64_t t0 = 0; t0 < taps; t0 += kBlock) {
+    const int64_t t1 = std::min(taps, t0 + kBlock);
+    Vec acc[CB][VB];
     for (int c = 0; c < CB; ++c) {
-      for (int v = 0; v < kVectorBlock; ++v) chunk[c][v] = Vec(acc_t(0));
+      for (int v = 0; v < VB; ++v) acc[c][v] = Vec(acc_t(0));
     }
-    for (int64_t t0 = 0; t0 < taps; t0 += kBlock) {
-      const int64_t t1 = std::min(taps, t0 + kBlock);
-      Vec acc[CB][kVectorBlock];
+    for (int64_t t = t0; t < t1; ++t) {
+      Vec xv[VB];
+      for (int v = 0; v < VB; ++v) xv[v] = Vec::loadu(col + t * ldc + v * V);
       for (int c = 0; c < CB; ++c) {
-        for (int v = 0; v < kVectorBlock; ++v) acc[c][v] = Vec(acc_t(0));
-      }
-      for (int64_t t = t0; t < t1; ++t) {
-        Vec xv[kVectorBlock];
-        for (int v = 0; v < kVectorBlock; ++v) xv[v] = Vec::loadu(col + t * ldc + p + v * V);
-        for (int c = 0; c < CB; ++c) {
-          const Vec wv(w[c * ldw + t]);
-          for (int v = 0; v < kVectorBlock; ++v) acc[c][v] = at::vec::fmadd(wv, xv[v], acc[c][v]);
-        }
-      }
-      for (int c = 0; c < CB; ++c) {
-        for (int v = 0; v < kVectorBlock; ++v) chunk[c][v] = chunk[c][v] + acc[c][v];
+        const Vec wv(w[c * ldw + t]);
+        for (int v = 0; v < VB; ++v) acc[c][v] = at::vec::fmadd(wv, xv[v], acc[c][v]);
       }
     }
     for (int c = 0; c < CB; ++c) {
-      for (int v = 0; v < kVectorBlock; ++v) {
-        acc_t* o = outer + c * ldo + p + v * V;
-        (Vec::loadu(o) + chunk[c][v]).store(o);
-      }
+      for (int v = 0; v < VB; ++v) chunk[c][v] = chunk[c][v] + acc[c][v];
+    }
+  }
+  for (int c = 0; c < CB; ++c) {
+    for (int v = 0; v < VB; ++v) {
+      acc_t* o = outer + c * ldo + v * V;
+      (Vec::loadu(o) + chunk[c][v]).store(o);
     }
   }
 }
 
+// All rows x all positions of one tap chunk. Positions go in the outer loop so that the gathered
+// taps of a position block stay in L1 while every channel block reads them. width is a multiple of
+// kVectorBlock vectors.
 template <typename acc_t>
-void multiply_rows(int64_t rows, const acc_t* w, int64_t ldw, const acc_t* col, int64_t ldc, int64_t taps,
-                   acc_t* outer, int64_t ldo, int64_t width) {
-  int64_t c = 0;
-  for (; c + kChannelBlock <= rows; c += kChannelBlock) {
-    multiply<acc_t, kChannelBlock>(w + c * ldw, ldw, col, ldc, taps, outer + c * ldo, ldo, width);
+void multiply(int64_t rows, const acc_t* w, int64_t ldw, const acc_t* col, int64_t ldc, int64_t taps,
+              acc_t* outer, int64_t ldo, int64_t width) {
+  constexpr int64_t V = Vectorized<acc_t>::size(), step = kVectorBlock * V;
+  int64_t p = 0;
+  // Few channels (depthwise and the like): wider position blocks keep enough independent sums in
+  // flight to hide the fused multiply-add latency.
+  if (rows == 1) {
+    for (; p + 6 * V <= width; p += 6 * V) multiply_block<acc_t, 1, 6>(w, ldw, col + p, ldc, taps, outer + p, ldo);
+  } else if (rows == 2) {
+    for (; p + 4 * V <= width; p += 4 * V) multiply_block<acc_t, 2, 4>(w, ldw, col + p, ldc, taps, outer + p, ldo);
   }
-  switch (rows - c) {
-    case 3: multiply<acc_t, 3>(w + c * ldw, ldw, col, ldc, taps, outer + c * ldo, ldo, width); break;
-    case 2: multiply<acc_t, 2>(w + c * ldw, ldw, col, ldc, taps, outer + c * ldo, ldo, width); break;
-    case 1: multiply<acc_t, 1>(w + c * ldw, ldw, col, ldc, taps, outer + c * ldo, ldo, width); break;
-    default: break;
+  for (; p < width; p += step) {
+    int64_t c = 0;
+    for (; c + kChannelBlock <= rows; c += kChannelBlock) {
+      multiply_block<acc_t, kChannelBlock, kVectorBlock>(w + c * ldw, ldw, col + p, ldc, taps, outer + c * ldo + p, ldo);
+    }
+    switch (rows - c) {
+      case 3: multiply_block<acc_t, 3, kVectorBlock>(w + c * ldw, ldw, col + p, ldc, taps, outer + c * ldo + p, ldo); break;
+      case 2: multiply_block<acc_t, 2, kVectorBlock>(w + c * ldw, ldw, col + p, ldc, taps, outer + c * ldo + p, ldo); break;
+      case 1: multiply_block<acc_t, 1, kVectorBlock>(w + c * ldw, ldw, col + p, ldc, taps, outer + c * ldo + p, ldo); break;
+      default: break;
+    }
   }
+}
+
+// One grid row's share of a task: grid columns [jw0, jw1) of grid row jh, stored from `offset` on.
+struct Segment {
+  int64_t jh, jw0, jw1, offset;
+};
+
+// One gathered row: dst[offset + jw - jw0] = plane[in_step_h * jh + a.offset][in_step_w * jw + b.offset]
+// for every segment, zero where that falls outside the input (the implicit padding), and zero
+// from `used` up to `width` (the unused lanes of the last vector block).
+template <typename scalar_t, typename acc_t = acc_type<scalar_t>>
+void gather(const scalar_t* plane, int64_t W, int64_t in_step_h, int64_t in_step_w, const Tap& a, const Tap& b,
+            const std::vector<Segment>& segments, acc_t* dst, int64_t used, int64_t width) {
+  for (const Segment& seg : segments) {
+    acc_t* d = dst + seg.offset - seg.jw0;  // d[jw] is the slot of grid column jw (jw >= jw0)
+    if (seg.jh < a.lo || seg.jh >= a.hi) {
+      std::fill(d + seg.jw0, d + seg.jw1, acc_t(0));
+      continue;
+    }
+    const scalar_t* row = plane + (in_step_h * seg.jh + a.offset) * W + b.offset;
+    const int64_t lo = std::clamp(b.lo, seg.jw0, seg.jw1), hi = std::clamp(b.hi, lo, seg.jw1);
+    std::fill(d + seg.jw0, d + lo, acc_t(0));
+    if (in_step_w == 1) {
+      widen<scalar_t>(row + lo, d + lo, hi - lo);
+    } else {
+      for (int64_t jw = lo; jw < hi; ++jw) d[jw] = static_cast<acc_t>(row[in_step_w * jw]);
+    }
+    std::fill(d + hi, d + seg.jw1, acc_t(0));
+  }
+  std::fill(dst + used, dst + width, acc_t(0));
 }
 
 template <typename scalar_t>
@@ -485,6 +538,7 @@ void convolve(const Problem& p, const at::Tensor& x, const at::Tensor& weight, c
 
   at::parallel_for(0, tasks, grain, [&](int64_t first_task, int64_t last_task) {
     std::vector<acc_t> col(kTapChunk * positions), outer(kChannelChunk * positions);
+    std::vector<Segment> segments;
     for (int64_t task = first_task; task < last_task; ++task) {
       int64_t rest = task;
       const int64_t chunk = rest % co_chunks;
@@ -501,56 +555,42 @@ void convolve(const Problem& p, const at::Tensor& x, const at::Tensor& weight, c
 
       for (int64_t c = 0; c < rows; ++c) std::fill_n(outer.data() + c * positions, width, bias_acc[g * Cout_g + co0 + c]);
 
+      // The task's positions, one segment per grid row, shared by every tap and by the store.
+      segments.clear();
+      for (int64_t q = item.first; q < item.last;) {
+        const int64_t jh = q / pw.count, jw0 = q % pw.count, jw1 = std::min(pw.count, jw0 + (item.last - q));
+        segments.push_back({jh, jw0, jw1, q - item.first});
+        q += jw1 - jw0;
+      }
       for (int64_t t0 = 0; t0 < taps; t0 += kTapChunk) {
         const int64_t t1 = std::min(taps, t0 + kTapChunk);
-        // Gather col[t][q] = x[n, g * Cin_g + ci, in_step * jh + a.offset, in_step * jw + b.offset] (0 outside).
+        int64_t ci = t0 / (nh * nw), ia = t0 / nw % nh, ib = t0 % nw;
         for (int64_t t = t0; t < t1; ++t) {
-          const int64_t ci = t / (nh * nw);
-          const Tap& a = ph.taps[t / nw % nh];
-          const Tap& b = pw.taps[t % nw];
           const scalar_t* plane = x_data + ((n * p.Cin + g * Cin_g + ci) * p.H) * p.W;
-          acc_t* dst = col.data() + (t - t0) * positions;
-          for (int64_t q = item.first; q < item.last;) {
-            const int64_t jh = q / pw.count, jw0 = q % pw.count;
-            const int64_t jw1 = std::min(pw.count, jw0 + (item.last - q));
-            acc_t* d = dst + (q - item.first);  // d[jw - jw0] is the slot of grid column jw
-            if (jh < a.lo || jh >= a.hi) {
-              std::fill(d, d + (jw1 - jw0), acc_t(0));
-            } else {
-              const scalar_t* row = plane + (ax_h.in_step * jh + a.offset) * p.W;
-              const int64_t lo = std::clamp(b.lo, jw0, jw1), hi = std::clamp(b.hi, lo, jw1);
-              std::fill(d, d + (lo - jw0), acc_t(0));
-              if (ax_w.in_step == 1) {
-                widen<scalar_t>(row + lo + b.offset, d + (lo - jw0), hi - lo);
-              } else {
-                for (int64_t jw = lo; jw < hi; ++jw) {
-                  d[jw - jw0] = static_cast<acc_t>(row[ax_w.in_step * jw + b.offset]);
-                }
-              }
-              std::fill(d + (hi - jw0), d + (jw1 - jw0), acc_t(0));
-            }
-            q += jw1 - jw0;
+          gather(plane, p.W, ax_h.in_step, ax_w.in_step, ph.taps[ia], pw.taps[ib], segments,
+                 col.data() + (t - t0) * positions, item.last - item.first, width);
+          if (++ib == nw) {
+            ib = 0;
+            if (++ia == nh) ia = 0, ++ci;
           }
-          std::fill(dst + (item.last - item.first), dst + width, acc_t(0));
         }
-        multiply_rows<acc_t>(rows, w + t0, taps, col.data(), positions, t1 - t0, outer.data(), positions, width);
+        multiply<acc_t>(rows, w + t0, taps, col.data(), positions, t1 - t0, outer.data(), positions, width);
       }
 
-      // Store: output position (r_h + out_step_h * jh, r_w + out_step_w * jw).
+      // Store: grid position (jh, jw) is output (r_h + out_step_h * jh, r_w + out_step_w * jw).
       for (int64_t c = 0; c < rows; ++c) {
         scalar_t* plane = out_data + (n * p.Cout + g * Cout_g + co0 + c) * p.Ho * p.Wo;
         const acc_t* src = outer.data() + c * positions;
-        for (int64_t q = item.first; q < item.last;) {
-          const int64_t jh = q / pw.count, jw0 = q % pw.count;
-          const int64_t jw1 = std::min(pw.count, jw0 + (item.last - q));
-          scalar_t* row = plane + (ph.r + ax_h.out_step * jh) * p.Wo + pw.r;
-          const acc_t* s = src + (q - item.first);  // s[jw - jw0] holds grid column jw
+        for (const Segment& seg : segments) {
+          scalar_t* row = plane + (ph.r + ax_h.out_step * seg.jh) * p.Wo + pw.r;
+          const acc_t* from = src + seg.offset;  // from[jw - jw0] holds grid column jw
           if (ax_w.out_step == 1) {
-            narrow<scalar_t>(s, row + jw0, jw1 - jw0);
+            narrow<scalar_t>(from, row + seg.jw0, seg.jw1 - seg.jw0);
           } else {
-            for (int64_t jw = jw0; jw < jw1; ++jw) row[ax_w.out_step * jw] = static_cast<scalar_t>(s[jw - jw0]);
+            for (int64_t jw = seg.jw0; jw < seg.jw1; ++jw) {
+              row[ax_w.out_step * jw] = static_cast<scalar_t>(from[jw - seg.jw0]);
+            }
           }
-          q += jw1 - jw0;
         }
       }
     }
