@@ -12,14 +12,15 @@ from .layout import current_policy, layout_policy
 
 _C.install_rules(rules_for_cpp(installed()))
 
-from . import elementwise  # noqa: E402  (needs the ops registered above)
+from . import convolution, elementwise  # noqa: E402  (needs the ops registered above)
 
 add, sub, mul, div = (elementwise.API[op] for op in ("add", "sub", "mul", "div"))
 maximum, minimum, pow, rem = (elementwise.API[op] for op in ("maximum", "minimum", "pow", "rem"))
+conv2d, conv_transpose2d = convolution.conv2d, convolution.conv_transpose2d
 from .cost import cost  # noqa: E402  (predicted cost of a call; calibrated by `python -m fuel_torch judge`)
 
 __all__ = [
     "Contract", "ContractFormatError", "ContractSet", "ContractViolation", "contract", "installed",
     "load_contracts", "layout_policy", "current_policy",
-    "add", "sub", "mul", "div", "maximum", "minimum", "pow", "rem",
+    "add", "sub", "mul", "div", "maximum", "minimum", "pow", "rem", "conv2d", "conv_transpose2d",
 ]
