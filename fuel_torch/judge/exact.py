@@ -14,29 +14,12 @@ import mpmath
 import numpy as np
 import torch
 
+from fuel_torch import reference
+
 
 def round_to(values: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-    """Round float64 values once, to nearest even, into `dtype` (never f64 -> f32 -> bf16 twice)."""
-    values = np.asarray(values, dtype=np.float64)
-    if dtype == torch.float64:
-        return torch.from_numpy(values.copy())
-    if dtype in (torch.float32, torch.float16):
-        # numpy converts double -> float and double -> half directly (npy_double_to_half), rounding
-        # once; overflow to infinity is the right answer, so numpy's warning about it is noise.
-        with np.errstate(over="ignore"):
-            return torch.from_numpy(values.astype(np.float32 if dtype == torch.float32 else np.float16))
-    if dtype == torch.bfloat16:
-        # Round to odd into float32 (24 bits >= 8 + 2), then to nearest even into bfloat16:
-        # the pair is equivalent to one correct rounding, where plain f64 -> f32 -> bf16 is not.
-        with np.errstate(all="ignore"):
-            nearest = values.astype(np.float32)
-            back = nearest.astype(np.float64)
-            inexact = np.isfinite(values) & (back != values)
-            bits = nearest.view(np.uint32).copy()
-            bits[inexact & (np.abs(back) > np.abs(values))] -= 1  # truncate toward zero (sign-magnitude)
-            bits[inexact] |= 1
-        return torch.from_numpy(bits.view(np.float32)).to(torch.bfloat16)
-    raise TypeError(f"no rounding rule for {dtype}")
+    """Round float64 values once, to nearest even, into `dtype` (fuel_torch.reference.round_to on numpy input)."""
+    return reference.round_to(torch.from_numpy(np.array(values, dtype=np.float64)), dtype)
 
 
 def _to_float(value: mpmath.mpf) -> float:
