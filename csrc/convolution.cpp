@@ -251,11 +251,11 @@ void check_allocation(const Checker& c, const Problem& p, c10::ScalarType dtype)
 // ---------------------------------------------------------------------------------------------
 // The chassis.
 
-constexpr int64_t kBlock = 16;           // taps summed from zero before joining the running total
+constexpr int64_t kBlock = 32;           // taps summed from zero before joining the running total
 constexpr int64_t kTapChunk = 256;       // taps gathered at once (a multiple of kBlock)
-constexpr int64_t kChannelChunk = 64;    // output channels per task
+constexpr int64_t kChannelChunk = 256;   // output channels per task
 constexpr int64_t kPositionBytes = 512;  // positions per task: 512 bytes of acc_t per gathered row
-constexpr int kChannelBlock = 4;         // output channels per register block
+constexpr int kChannelBlock = 6;         // output channels per register block (12 accumulators)
 constexpr int kVectorBlock = 2;          // vectors of positions per register block
 static_assert(kTapChunk % kBlock == 0, "a tap chunk must hold whole blocks, or chunking would change the sums");
 
@@ -323,10 +323,23 @@ Axis make_axis(const Problem& p, int i) {
   return axis;
 }
 
+template <typename T>
+inline void zero(T* dst, int64_t n) {
+  using Vec = Vectorized<T>;
+  const Vec z(T(0));
+  int64_t i = 0;
+  for (; i + Vec::size() <= n; i += Vec::size()) z.store(dst + i);
+  for (; i < n; ++i) dst[i] = T(0);
+}
+
 template <typename scalar_t, typename acc_t = acc_type<scalar_t>>
 inline void widen(const scalar_t* src, acc_t* dst, int64_t n) {
   if constexpr (!is_half<scalar_t>) {
-    std::copy(src, src + n, dst);
+    // Short runs are the common case (one input row per segment): inline vector moves, no memmove.
+    using Vec = Vectorized<acc_t>;
+    int64_t i = 0;
+    for (; i + Vec::size() <= n; i += Vec::size()) Vec::loadu(src + i).store(dst + i);
+    for (; i < n; ++i) dst[i] = src[i];
   } else {
     constexpr int64_t step = Vectorized<scalar_t>::size(), half = Vectorized<float>::size();
     for (int64_t i = 0; i < n; i += step) {
@@ -414,10 +427,14 @@ void multiply(int64_t rows, const acc_t* w, int64_t ldw, const acc_t* col, int64
     for (; c + kChannelBlock <= rows; c += kChannelBlock) {
       multiply_block<acc_t, kChannelBlock, kVectorBlock>(w + c * ldw, ldw, col + p, ldc, taps, outer + c * ldo + p, ldo);
     }
+    const acc_t* wc = w + c * ldw;
+    acc_t* oc = outer + c * ldo + p;
     switch (rows - c) {
-      case 3: multiply_block<acc_t, 3, kVectorBlock>(w + c * ldw, ldw, col + p, ldc, taps, outer + c * ldo + p, ldo); break;
-      case 2: multiply_block<acc_t, 2, kVectorBlock>(w + c * ldw, ldw, col + p, ldc, taps, outer + c * ldo + p, ldo); break;
-      case 1: multiply_block<acc_t, 1, kVectorBlock>(w + c * ldw, ldw, col + p, ldc, taps, outer + c * ldo + p, ldo); break;
+      case 5: multiply_block<acc_t, 5, kVectorBlock>(wc, ldw, col + p, ldc, taps, oc, ldo); break;
+      case 4: multiply_block<acc_t, 4, kVectorBlock>(wc, ldw, col + p, ldc, taps, oc, ldo); break;
+      case 3: multiply_block<acc_t, 3, kVectorBlock>(wc, ldw, col + p, ldc, taps, oc, ldo); break;
+      case 2: multiply_block<acc_t, 2, kVectorBlock>(wc, ldw, col + p, ldc, taps, oc, ldo); break;
+      case 1: multiply_block<acc_t, 1, kVectorBlock>(wc, ldw, col + p, ldc, taps, oc, ldo); break;
       default: break;
     }
   }
@@ -437,20 +454,20 @@ void gather(const scalar_t* plane, int64_t W, int64_t in_step_h, int64_t in_step
   for (const Segment& seg : segments) {
     acc_t* d = dst + seg.offset - seg.jw0;  // d[jw] is the slot of grid column jw (jw >= jw0)
     if (seg.jh < a.lo || seg.jh >= a.hi) {
-      std::fill(d + seg.jw0, d + seg.jw1, acc_t(0));
+      zero(d + seg.jw0, seg.jw1 - seg.jw0);
       continue;
     }
     const scalar_t* row = plane + (in_step_h * seg.jh + a.offset) * W + b.offset;
     const int64_t lo = std::clamp(b.lo, seg.jw0, seg.jw1), hi = std::clamp(b.hi, lo, seg.jw1);
-    std::fill(d + seg.jw0, d + lo, acc_t(0));
+    zero(d + seg.jw0, lo - seg.jw0);
     if (in_step_w == 1) {
       widen<scalar_t>(row + lo, d + lo, hi - lo);
     } else {
       for (int64_t jw = lo; jw < hi; ++jw) d[jw] = static_cast<acc_t>(row[in_step_w * jw]);
     }
-    std::fill(d + hi, d + seg.jw1, acc_t(0));
+    zero(d + hi, seg.jw1 - hi);
   }
-  std::fill(dst + used, dst + width, acc_t(0));
+  zero(dst + used, width - used);
 }
 
 template <typename scalar_t>
