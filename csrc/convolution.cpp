@@ -501,7 +501,9 @@ void convolve(const Problem& p, const at::Tensor& x, const at::Tensor& weight, c
   }
   if (!w_rows) {
     packed.resize(weight.numel());
-    at::parallel_for(0, G * n_ph * n_pw, 1, [&](int64_t first, int64_t last) {
+    // Threads only for weights worth it: waking them costs more than packing a small kernel.
+    const int64_t per_item = std::max<int64_t>(1, group_size / (n_ph * n_pw));
+    at::parallel_for(0, G * n_ph * n_pw, std::max<int64_t>(1, (1 << 16) / per_item), [&](int64_t first, int64_t last) {
       for (int64_t item = first; item < last; ++item) {
         const int64_t g = item / (n_ph * n_pw), i = item / n_pw % n_ph, j = item % n_pw;
         const auto &th = ax_h.phases[i].taps, &tw = ax_w.phases[j].taps;

@@ -235,6 +235,20 @@ def _conv2d_padding(padding, weight: torch.Tensor, stride: list, dilation: list)
     return [total // 2 for total in totals]
 
 
+def _call(op: str, args: tuple, check_call, out: torch.Tensor | None) -> torch.Tensor:
+    """Run the op; a rejected call is re-checked in Python so that it raises ContractViolation with the
+    same message. The C++ op checks every call itself, so a Python check up front would only add time
+    (it costs more than a small convolution); traced calls reach the fake kernel, which checks first."""
+    overload = getattr(torch.ops.fuel, op)
+    try:
+        return overload.default(*args) if out is None else overload.out(*args, out=out)
+    except RuntimeError as error:
+        if isinstance(error, enforce.ContractViolation):
+            raise
+        check_call()
+        raise
+
+
 def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, stride=1, padding=0,
            dilation=1, groups: int = 1, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """fuel::conv2d with torch.nn.functional.conv2d's signature (plus out=): 2D cross-correlation of an
@@ -244,10 +258,8 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     stride, dilation = _pair(stride, "stride", "conv2d"), _pair(dilation, "dilation", "conv2d")
     padding = _conv2d_padding(padding, weight, stride, dilation)
     input, weight, bias = layout.prepare((input, weight, bias))
-    check("conv2d", input, weight, bias, stride, padding, dilation, groups, out=out)
-    if out is None:
-        return torch.ops.fuel.conv2d.default(input, weight, bias, stride, padding, dilation, groups)
-    return torch.ops.fuel.conv2d.out(input, weight, bias, stride, padding, dilation, groups, out=out)
+    return _call("conv2d", (input, weight, bias, stride, padding, dilation, groups),
+                 lambda: check("conv2d", input, weight, bias, stride, padding, dilation, groups, out=out), out)
 
 
 def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, stride=1,
@@ -260,11 +272,8 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     stride, padding = _pair(stride, "stride", api), _pair(padding, "padding", api)
     output_padding, dilation = _pair(output_padding, "output_padding", api), _pair(dilation, "dilation", api)
     input, weight, bias = layout.prepare((input, weight, bias))
-    check(api, input, weight, bias, stride, padding, dilation, groups, output_padding, out=out)
-    args = (input, weight, bias, stride, padding, output_padding, groups, dilation)
-    if out is None:
-        return torch.ops.fuel.conv_transpose2d.default(*args)
-    return torch.ops.fuel.conv_transpose2d.out(*args, out=out)
+    return _call(api, (input, weight, bias, stride, padding, output_padding, groups, dilation),
+                 lambda: check(api, input, weight, bias, stride, padding, dilation, groups, output_padding, out=out), out)
 
 
 API = {"conv2d": conv2d, "conv_transpose2d": conv_transpose2d}
