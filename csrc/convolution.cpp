@@ -264,10 +264,13 @@ template <typename T> using acc_type = std::conditional_t<std::is_same_v<T, doub
 template <typename T>
 constexpr bool is_half = std::is_same_v<T, at::BFloat16> || std::is_same_v<T, at::Half>;
 
-int64_t floor_div(__int128 a, int64_t b) {  // b > 0
+// floor(a / b) for b > 0, clamped to +-2^62: callers clamp it to a grid range anyway, and the margin
+// lets them add or negate it without overflow.
+int64_t floor_div(__int128 a, int64_t b) {
   __int128 q = a / b;
   if (a % b != 0 && a < 0) --q;
-  return static_cast<int64_t>(std::clamp<__int128>(q, -kInt64Max, kInt64Max));
+  constexpr __int128 limit = __int128(1) << 62;
+  return static_cast<int64_t>(std::clamp<__int128>(q, -limit, limit));
 }
 
 // One kernel tap along one axis: the kernel index, and the grid range [lo, hi) whose input
