@@ -254,7 +254,8 @@ void check_allocation(const Checker& c, const Problem& p, c10::ScalarType dtype)
 constexpr int64_t kBlock = 32;           // taps summed from zero before joining the running total
 constexpr int64_t kTapChunk = 256;       // taps gathered at once (a multiple of kBlock)
 constexpr int64_t kChannelChunk = 256;   // output channels per task
-constexpr int64_t kPositionBytes = 512;  // positions per task: 512 bytes of acc_t per gathered row
+constexpr int64_t kScratchBytes = 131072; // per thread, for the gathered taps and for the running totals
+constexpr int64_t kMaxPositions = 4096;   // output positions per task, at most
 constexpr int kChannelBlock = 6;         // output channels per register block (12 accumulators)
 constexpr int kVectorBlock = 2;          // vectors of positions per register block
 static_assert(kTapChunk % kBlock == 0, "a tap chunk must hold whole blocks, or chunking would change the sums");
@@ -533,9 +534,22 @@ void convolve(const Problem& p, const at::Tensor& x, const at::Tensor& weight, c
     for (int64_t co = 0; co < p.Cout; ++co) bias_acc[co] = static_cast<acc_t>(b[co]);
   }
 
-  // Work items: (phase, first position, last position) over the phase's flattened grid.
+  // Positions per task: as many as keep the gathered taps and the running totals within
+  // kScratchBytes each (they stay in L2), so that tasks with few taps or channels (depthwise) are not
+  // dominated by per-task work. Any split gives the same bits; only the speed depends on it.
+  int64_t max_taps = 0;
+  for (const Phase& ph : ax_h.phases) {
+    for (const Phase& pw : ax_w.phases) {
+      max_taps = std::max<int64_t>(max_taps, Cin_g * static_cast<int64_t>(ph.taps.size() * pw.taps.size()));
+    }
+  }
+  const int64_t chunk_taps = std::clamp<int64_t>(max_taps, 1, kTapChunk);
+  const int64_t chunk_rows = std::clamp<int64_t>(Cout_g, 1, kChannelChunk);
   constexpr int64_t block_width = kVectorBlock * Vec::size();
-  constexpr int64_t positions = std::max<int64_t>(block_width, kPositionBytes / sizeof(acc_t) / block_width * block_width);
+  const int64_t fit = kScratchBytes / static_cast<int64_t>(sizeof(acc_t)) / std::max(chunk_taps, chunk_rows);
+  const int64_t positions = std::clamp<int64_t>(fit / block_width * block_width, block_width, kMaxPositions);
+
+  // Work items: (phase, first position, last position) over the phase's flattened grid.
   struct Item {
     int64_t i, j, first, last;
   };
@@ -551,15 +565,13 @@ void convolve(const Problem& p, const at::Tensor& x, const at::Tensor& weight, c
   const int64_t n_items = static_cast<int64_t>(items.size());
   const int64_t co_chunks = (Cout_g + kChannelChunk - 1) / kChannelChunk;
   const int64_t tasks = p.N * G * n_items * co_chunks;
-  const int64_t work_per_task = std::max<int64_t>(1, std::min(Cout_g, kChannelChunk) * Cin_g * p.Kh * p.Kw * positions /
-                                                          (ax_h.phases.size() * ax_w.phases.size()));
-  const int64_t grain = std::max<int64_t>(1, (1 << 16) / work_per_task);
+  const int64_t grain = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, chunk_rows * max_taps * positions));
 
   const scalar_t* x_data = x.const_data_ptr<scalar_t>();
   scalar_t* out_data = out.mutable_data_ptr<scalar_t>();
 
   at::parallel_for(0, tasks, grain, [&](int64_t first_task, int64_t last_task) {
-    std::vector<acc_t> col(kTapChunk * positions), outer(kChannelChunk * positions);
+    std::vector<acc_t> col(chunk_taps * positions), outer(chunk_rows * positions);
     std::vector<Segment> segments;
     for (int64_t task = first_task; task < last_task; ++task) {
       int64_t rest = task;
