@@ -47,8 +47,10 @@ std::string layout_seen(const at::Tensor& t) {
 const char* kLayoutFix = "pass a contiguous zero-offset copy (.contiguous() or .clone()), or call through "
                          "fuel_torch under layout_policy('contiguize')";
 
-// The first layout clause `t` breaks, most specific first; "" when it breaks none.
+// The first layout clause `t` breaks, most specific first; "" when it breaks none. A tensor with
+// no elements has no memory to read, so no layout can be wrong for it (torch calls it contiguous).
 std::string broken_layout_clause(const at::Tensor& t, const std::map<std::string, std::string>& layout) {
+  if (t.numel() == 0) return "";
   auto rejects = [&](const char* flag) {
     auto it = layout.find(flag);
     return it != layout.end() && it->second == "rejected";
@@ -72,7 +74,7 @@ std::string broken_layout_clause(const at::Tensor& t, const std::map<std::string
 // What the kernels can really read, whatever a contract claims: a contract that accepts more than
 // this (a draft, a typo) must never turn into an out-of-bounds read.
 bool kernel_can_read(const at::Tensor& t) {
-  return t.is_contiguous() && t.storage_offset() == 0;
+  return t.numel() == 0 || (t.is_contiguous() && t.storage_offset() == 0);
 }
 
 }  // namespace

@@ -13,6 +13,9 @@
 #include <ATen/cpu/vec/vec.h>
 #include <torch/library.h>
 
+#include <cmath>
+#include <limits>
+
 #include "contract_rules.h"
 
 namespace fuel {
@@ -40,13 +43,47 @@ struct Pow {
   static constexpr const char* name = "pow";
   template <typename V> static V apply(const V& a, const V& b) { return a.pow(b); }
 };
-// torch.remainder: fmod is exact; a non-zero result whose sign differs from the divisor's moves
-// by one divisor. A zero keeps fmod's sign, as torch's does (rem(-6, 3) == -0).
+// fmod, exactly (as C's fmod is), in vector code. Sleef's vector fmod returns NaN once |a/b|
+// overflows and scalar fmod is slow, so: n = trunc(a/b) and one fused a - n*b. While |a/b| is below
+// 2^digits, n*b fits the fused product and a - n*b is exact; a quotient that rounded up to n
+// leaves r just past zero on the wrong side, and one add of |b| (exact too) brings it back. Lanes
+// outside that range (huge quotients, zero or infinite divisors, NaN) take std::fmod one by one;
+// both ways give the exact result, so out[i] still depends on lhs[i] and rhs[i] alone.
+template <typename V>
+V exact_fmod(const V& a, const V& b) {
+  using T = typename V::value_type;
+  const V zero(0), sign_bit(T(-0.0));
+  V r;
+  V fast(zero);  // all lanes take std::fmod where no fused multiply-add is known to be available
+#if defined(CPU_CAPABILITY_AVX2)
+  const V q = a / b;
+  const V n = q.trunc();
+  r = at::vec::fmadd(zero - n, b, a);
+  const V overshot = (r != zero) & ((r < zero) ^ (a < zero));
+  r = V::blendv(r, r + (b.abs() | (a & sign_bit)), overshot);
+  r = r.abs() | (a & sign_bit);  // fmod's result, zero included, has the sign of a
+  const V exact_range(T(2) / std::numeric_limits<T>::epsilon());
+  fast = (q.abs() < exact_range) & (b.abs() != V(std::numeric_limits<T>::infinity()));
+#endif
+  if (fast.zero_mask() == 0) return r;
+  __at_align__ T a_buf[V::size()], b_buf[V::size()], r_buf[V::size()], fast_buf[V::size()];
+  a.store(a_buf);
+  b.store(b_buf);
+  r.store(r_buf);
+  fast.store(fast_buf);
+  for (int i = 0; i < V::size(); ++i) {
+    if (fast_buf[i] == T(0)) r_buf[i] = std::fmod(a_buf[i], b_buf[i]);
+  }
+  return V::loadu(r_buf);
+}
+
+// torch.remainder: fmod, moved by one divisor when non-zero with a sign unlike the divisor's. A
+// zero keeps fmod's sign, as torch's does (rem(-6, 3) == -0).
 struct Rem {
   static constexpr const char* name = "rem";
   template <typename V> static V apply(const V& a, const V& b) {
     const V zero(0);
-    const V m = a.fmod(b);
+    const V m = exact_fmod(a, b);
     const V differ = (m != zero) & ((m < zero) ^ (b < zero));
     return V::blendv(m, m + b, differ);
   }

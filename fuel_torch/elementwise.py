@@ -82,3 +82,9 @@ def parity(contract: Contract, numel: int = 4099, seed: int = 0) -> tuple[bool, 
         return worst <= 2, f"within {worst} ulp of {name}"
     same = reference.bit_equal(ours, theirs)
     return same, f"bit-identical to {name}" if same else f"DIFFERS from {name}"
+
+
+def example_call(op: str, dtype: torch.dtype) -> tuple[tuple, dict]:
+    """A small valid call of fuel::`op` in `dtype` (any dtype: used to probe what a kernel accepts)."""
+    lhs = torch.linspace(0.5, 2.0, 7, dtype=torch.float64).to(dtype)
+    return (lhs, lhs.flip(0).contiguous()), {}

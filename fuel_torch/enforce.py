@@ -42,7 +42,11 @@ def layout_seen(t: torch.Tensor) -> str:
 
 
 def broken_layout_clause(t: torch.Tensor, layout: dict) -> str | None:
-    """The first layout clause `t` breaks, most specific first, as the C++ twin orders them."""
+    """The first layout clause `t` breaks, most specific first, as the C++ twin orders them.
+
+    A tensor with no elements has no memory to read, so no layout can be wrong for it."""
+    if t.numel() == 0:
+        return None
     strides, sizes = t.stride(), t.shape
     if layout["reverse_strides"] == "rejected" and any(s < 0 for s in strides):
         return "layout.reverse_strides: rejected"
@@ -59,7 +63,7 @@ def broken_layout_clause(t: torch.Tensor, layout: dict) -> str | None:
 
 
 def _kernel_can_read(t: torch.Tensor) -> bool:
-    return t.is_contiguous() and t.storage_offset() == 0
+    return t.numel() == 0 or (t.is_contiguous() and t.storage_offset() == 0)
 
 
 def _device_ok(t: torch.Tensor, first: torch.Tensor) -> bool:

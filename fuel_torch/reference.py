@@ -31,3 +31,21 @@ def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     a_nan, b_nan = torch.isnan(a), torch.isnan(b)
     distance = torch.where(a_nan & b_nan, torch.zeros_like(distance), distance)
     return torch.where(a_nan ^ b_nan, torch.full_like(distance, torch.iinfo(torch.int64).max), distance)
+
+
+def round_to(exact: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Round float64 values once, to nearest even, into `dtype`.
+
+    torch converts float64 to a half type through float32, which can round twice. Rounding to
+    float32 *to odd* first makes the second rounding exact (float32 has more than p+2 bits of
+    either half type), so the result is the correctly rounded one.
+    """
+    exact = exact.double()
+    if dtype in (torch.float64, torch.float32):
+        return exact.to(dtype)
+    x = exact.float()
+    back = x.double()
+    inexact = torch.isfinite(x) & (back != exact)
+    x = torch.where(inexact & (back.abs() > exact.abs()), torch.nextafter(x, torch.zeros_like(x)), x)
+    odd = torch.where(inexact, bits(x) | 1, bits(x)).view(torch.float32)
+    return odd.to(dtype)

@@ -1,0 +1,221 @@
+"""Elementwise kernels against torch (the oracle) and against exact references.
+
+Which oracle, per op:
+- add, sub, mul, div: torch, bit for bit, for every non-NaN result in every dtype; NaN exactly where
+  torch has NaN. NaN payloads are not compared: torch's depend on its formula (sub is add with
+  alpha=-1) and on the element's position; ours are pinned by the position-invariance and
+  determinism tests instead.
+- maximum, minimum: NaN-ness against torch; bits against the definition (one operand bit for bit,
+  lhs on ties), which torch itself does not follow consistently for +-0 and NaN payloads.
+- rem: an exact fmod-based reference everywhere, and torch bit for bit wherever |lhs/rhs| does not
+  overflow the computing type (torch's vector path returns NaN there, a known torch bug).
+- pow: C99 special cases and <= 1 ulp from the correctly rounded power (float64 reference for f32 and
+  halves, long double for f64); torch is held to the same bound alongside.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import fuel_torch
+from fuel_torch.elementwise import TORCH_EQUIVALENT
+from fuel_torch.reference import bit_equal, bits, ulp_distance
+
+from elementwise_cases import (DTYPES, OPS, SIZES, cross, exact_rem, pow_reference, random_pair,
+                               selection_reference)
+
+
+def fuel(op, lhs, rhs):
+    return getattr(torch.ops.fuel, op)(lhs, rhs)
+
+
+def max_ulp(distance):
+    return int(distance.max()) if distance.numel() else 0
+
+
+def assert_same_nan(ours, theirs):
+    assert torch.equal(torch.isnan(ours), torch.isnan(theirs)), "NaN positions differ"
+
+
+def assert_bits_where(ours, theirs, where, what):
+    bad = where & (bits(ours) != bits(theirs))
+    assert not bad.any(), f"{int(bad.sum())} elements differ from {what}, first at {bad.nonzero()[0].item()}"
+
+
+def overflowing_quotient(lhs, rhs):
+    """Where torch's vector remainder overflows: |lhs/rhs| beyond the computing type's range."""
+    compute = torch.float64 if lhs.dtype == torch.float64 else torch.float32
+    with np.errstate(all="ignore"):
+        q = np.abs(lhs.double().reshape(-1).numpy() / rhs.double().reshape(-1).numpy())
+    too_big = torch.from_numpy(q > torch.finfo(compute).max).reshape(lhs.shape)
+    return too_big & torch.isfinite(lhs) & torch.isfinite(rhs)
+
+
+def check_against_oracle(op, lhs, rhs):
+    ours = fuel(op, lhs, rhs)
+    assert ours.dtype == lhs.dtype and ours.shape == lhs.shape and ours.is_contiguous()
+    theirs = TORCH_EQUIVALENT[op](lhs, rhs)
+    not_nan = ~torch.isnan(ours)
+    if op in ("add", "sub", "mul", "div"):
+        assert_same_nan(ours, theirs)
+        assert_bits_where(ours, theirs, not_nan, f"torch.{op}")
+    elif op in ("maximum", "minimum"):
+        assert_same_nan(ours, theirs)
+        assert bit_equal(ours, selection_reference(op, lhs, rhs))
+    elif op == "rem":
+        reference = exact_rem(lhs, rhs)
+        assert_same_nan(ours, reference)
+        assert_bits_where(ours, reference, not_nan, "the exact remainder")
+        torch_defined = ~overflowing_quotient(lhs, rhs)
+        assert_same_nan(ours[torch_defined], theirs[torch_defined])
+        assert_bits_where(ours, theirs, not_nan & torch_defined, "torch.remainder")
+    elif op == "pow":
+        reference = pow_reference(lhs, rhs)
+        assert_same_nan(ours, reference)
+        assert_same_nan(ours, theirs)
+        distance = ulp_distance(ours, reference)
+        assert max_ulp(distance) <= 1, f"pow is {max_ulp(distance)} ulp from correctly rounded"
+        # Exact where C99 fixes the result: zeros, infinities, ones.
+        fixed = ~torch.isfinite(reference) | (reference == 0) | (reference.abs() == 1)
+        assert_bits_where(ours, reference, fixed & not_nan, "the C99 special case")
+        assert max_ulp(ulp_distance(theirs, reference)) <= 1, "torch itself breaks 1 ulp"
+    return ours
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("op", OPS)
+def test_special_values_cross_product(op, dtype):
+    lhs, rhs = cross(dtype)
+    check_against_oracle(op, lhs, rhs)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("op", OPS)
+def test_random_data_of_many_sizes(op, dtype):
+    for seed, numel in enumerate(SIZES):
+        lhs, rhs = random_pair(numel, dtype, seed, op)
+        check_against_oracle(op, lhs, rhs)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rem_near_integer_quotients_and_negative_divisors(dtype):
+    """Quotients landing on or next to integers are where a floor-based formula goes wrong."""
+    g = torch.Generator().manual_seed(7)
+    rhs = torch.tensor([3.0, -3.0, 0.5, -0.5, 0.1, -0.1, 7.0, -2.5], dtype=torch.float64)
+    k = torch.randint(-50, 50, (4096,), generator=g).double()
+    divisor = rhs[torch.randint(0, len(rhs), (4096,), generator=g)]
+    nudge = torch.tensor([-1, 0, 1])[torch.randint(0, 3, (4096,), generator=g)]
+    lhs = (k * divisor).to(dtype)
+    lhs = torch.where(nudge == 0, lhs, torch.nextafter(lhs, lhs + nudge.to(dtype)))
+    divisor = divisor.to(dtype)
+    ours = check_against_oracle("rem", lhs, divisor)
+    finite = torch.isfinite(ours)
+    # |r| can reach |b| only through the rounding of m + b, never beyond it.
+    assert (ours[finite].double().abs() <= divisor.double().abs()[finite]).all()
+
+
+def test_rem_cases_named_in_the_issue():
+    lhs = torch.tensor([-6.0, 1.0, 1.0, 3e38, 7.0, -7.0])
+    rhs = torch.tensor([3.0, float("inf"), float("-inf"), 0.5, -3.0, 3.0])
+    ours = fuel("rem", lhs, rhs)
+    assert bit_equal(ours, torch.tensor([-0.0, 1.0, float("-inf"), 0.0, -2.0, 2.0]))
+    # torch's vector path (64 elements) loses rem(3e38, 0.5); ours does not depend on length.
+    big = fuel("rem", torch.full((64,), 3e38), torch.full((64,), 0.5))
+    assert bit_equal(big, torch.zeros(64))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_pow_special_cases(dtype):
+    nan, inf = float("nan"), float("inf")
+    cases = [  # (base, exponent, expected)
+        (nan, 0.0, 1.0), (nan, -0.0, 1.0), (1.0, nan, 1.0), (-1.0, inf, 1.0), (-1.0, -inf, 1.0),
+        (-2.0, 0.5, nan), (0.0, -1.0, inf), (-0.0, -1.0, -inf), (-0.0, -2.0, inf), (-0.0, 3.0, -0.0),
+        (0.0, 3.0, 0.0), (-inf, 3.0, -inf), (-inf, -3.0, -0.0), (inf, -1.0, 0.0), (0.5, inf, 0.0),
+        (2.0, -inf, 0.0), (2.0, inf, inf), (-2.0, 3.0, -8.0), (-8.0, 1.0 / 3.0, nan),
+    ]
+    lhs, rhs, expected = (torch.tensor(col, dtype=torch.float64).to(dtype) for col in zip(*cases))
+    ours = fuel("pow", lhs, rhs)
+    assert_same_nan(ours, expected)
+    assert bit_equal(ours.nan_to_num(0.0), expected.nan_to_num(0.0))
+
+
+@pytest.mark.parametrize("op", ("maximum", "minimum"))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_selection_ties_and_nan_payloads_follow_the_definition(op, dtype):
+    """lhs wins +-0 ties and NaN-vs-NaN; a lone NaN operand comes back with its own payload."""
+    lhs, rhs = cross(dtype)
+    ours = fuel(op, lhs, rhs)
+    both_zero = (lhs == 0) & (rhs == 0)
+    assert bit_equal(ours[both_zero], lhs[both_zero])
+    lhs_nan, rhs_nan = torch.isnan(lhs), torch.isnan(rhs)
+    assert bit_equal(ours[lhs_nan], lhs[lhs_nan])
+    assert bit_equal(ours[rhs_nan & ~lhs_nan], rhs[rhs_nan & ~lhs_nan])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("op", OPS)
+def test_position_invariance(op, dtype):
+    """op(a, b) equals, bit for bit, the op applied to every one-element slice on its own."""
+    specials_lhs, specials_rhs = cross(dtype)
+    for numel in range(1, 70):
+        lhs, rhs = random_pair(numel, dtype, numel, op)
+        # Mix in special values so ties, NaNs and overflows land at every position.
+        lhs[::3], rhs[::3] = specials_lhs[numel:numel + len(lhs[::3])], specials_rhs[numel:numel + len(rhs[::3])]
+        whole = fuel(op, lhs, rhs)
+        pieces = torch.cat([fuel(op, lhs[i:i + 1].clone(), rhs[i:i + 1].clone()) for i in range(numel)])
+        assert bit_equal(whole, pieces), f"length {numel}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_results_do_not_depend_on_thread_count(dtype):
+    previous = torch.get_num_threads()
+    try:
+        for op in OPS:
+            lhs, rhs = random_pair(300_007, dtype, 11, op)
+            torch.set_num_threads(1)
+            single = fuel(op, lhs, rhs)
+            torch.set_num_threads(2)
+            assert bit_equal(single, fuel(op, lhs, rhs)), op
+            assert all(bit_equal(single, fuel(op, lhs, rhs)) for _ in range(3))
+    finally:
+        torch.set_num_threads(previous)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_subnormals_are_kept(dtype):
+    tiny = torch.tensor([torch.finfo(dtype).tiny], dtype=dtype)
+    half_tiny = fuel("div", tiny, torch.tensor([2.0], dtype=dtype))
+    assert half_tiny.item() != 0.0 and bit_equal(half_tiny, tiny / 2)
+    assert fuel("sub", tiny * 1.5, tiny).item() != 0.0
+
+
+@pytest.mark.parametrize("shape", [(), (0,), (3, 0, 2), (5,), (2, 3), (2, 3, 4), (1, 2, 3, 4), (2, 1, 3, 1, 2),
+                                   (1, 2, 1, 3, 1, 2)], ids=str)
+@pytest.mark.parametrize("op", OPS)
+def test_ranks_zero_to_six_and_empty_tensors(op, shape):
+    g = torch.Generator().manual_seed(3)
+    lhs, rhs = torch.rand(shape, generator=g) + 0.5, torch.rand(shape, generator=g) + 0.5
+    ours = fuel(op, lhs, rhs)
+    assert ours.shape == lhs.shape and ours.is_contiguous()
+    assert bit_equal(ours, TORCH_EQUIVALENT[op](lhs, rhs)) or op == "pow"
+    if op == "pow":
+        assert max_ulp(ulp_distance(ours, TORCH_EQUIVALENT[op](lhs, rhs))) <= 2
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("op", OPS)
+def test_out_overload_overwrites_every_element(op, dtype):
+    lhs, rhs = random_pair(1001, dtype, 5, op)
+    out = torch.full_like(lhs, float("nan"))
+    returned = getattr(torch.ops.fuel, op).out(lhs, rhs, out=out)
+    assert returned is out
+    assert bit_equal(out, fuel(op, lhs, rhs))
+    api_out = torch.empty_like(lhs)
+    assert getattr(fuel_torch, op)(lhs, rhs, out=api_out) is api_out and bit_equal(api_out, out)
+
+
+def test_python_api_matches_the_op():
+    lhs, rhs = random_pair(513, torch.float32, 9)
+    for op in OPS:
+        assert bit_equal(getattr(fuel_torch, op)(lhs, rhs), fuel(op, lhs, rhs))
