@@ -1,0 +1,187 @@
+"""fuel ops under torch.library.opcheck, torch.compile and torch.export.
+
+opcheck (test_utils="ALL": schema, autograd registration, fake tensor, AOT dispatch static and dynamic)
+runs every op and .out overload in every dtype, with and without requires_grad inputs. A .out overload
+with an input that requires grad refuses grad mode (torch's out= convention, tested in test_autograd), so
+its requires_grad run is under torch.no_grad(), where an out= call is legitimate.
+"""
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch.library import opcheck
+
+import fuel_torch
+from fuel_torch import elementwise
+
+DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+def elementwise_args(op, dtype, requires_grad):
+    g = torch.Generator().manual_seed(0)
+    # Positive operands keep every result finite and NaN-free: opcheck compares outputs with NaN != NaN.
+    lhs = (torch.rand(3, 5, generator=g, dtype=torch.float64) * 2 + 0.5).to(dtype)
+    rhs = (torch.rand(3, 5, generator=g, dtype=torch.float64) * 2 + 0.5).to(dtype)
+    return lhs.requires_grad_(requires_grad), rhs.requires_grad_(requires_grad)
+
+
+def run_opcheck(overload, args, kwargs, requires_grad):
+    grad_mode = torch.no_grad() if (requires_grad and "out" in kwargs) else torch.enable_grad()
+    with grad_mode:
+        result = opcheck(overload, args, kwargs, test_utils="ALL")
+    assert result and set(result.values()) == {"SUCCESS"}, result
+
+
+@pytest.mark.parametrize("requires_grad", (False, True), ids=("no_grad", "requires_grad"))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("op", elementwise.OPS)
+def test_opcheck_elementwise(op, dtype, requires_grad):
+    lhs, rhs = elementwise_args(op, dtype, requires_grad)
+    packet = getattr(torch.ops.fuel, op)
+    run_opcheck(packet.default, (lhs, rhs), {}, requires_grad)
+    run_opcheck(packet.out, (lhs, rhs), {"out": torch.empty(lhs.shape, dtype=dtype)}, requires_grad)
+
+
+# ---------------------------------------------------------------------------------------------------
+# torch.compile
+
+class Elementwise(torch.nn.Module):
+    """Every elementwise op, in a differentiable chain."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.linspace(0.5, 1.5, 8))
+
+    def forward(self, x):
+        f = torch.ops.fuel
+        scale = self.scale.expand_as(x).contiguous()
+        h = f.mul(x, scale)
+        h = f.add(h, f.div(x, f.add(scale, scale)))
+        h = f.maximum(h, f.sub(h, scale))
+        h = f.minimum(h, f.mul(scale, torch.full_like(scale, 4.0)))
+        h = f.add(h, f.rem(h, scale))
+        return f.pow(f.add(h.abs(), torch.ones_like(h)), scale)
+
+
+class Counter:
+    """A backend that counts the graphs dynamo hands it (one per compile) and runs them through aot_eager,
+    so the fake kernels, autograd registrations and the AOT backward are all exercised."""
+
+    def __init__(self):
+        self.graphs = 0
+
+    def __call__(self, gm, example_inputs):
+        self.graphs += 1
+        return torch._dynamo.backends.debugging.aot_eager(gm, example_inputs)
+
+
+def forward_backward(model, x):
+    x = x.detach().clone().requires_grad_()
+    out = model(x)
+    out.backward(torch.ones_like(out))
+    grads = [x.grad] + [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    return out.detach(), grads
+
+
+def assert_same(a, b):
+    (out_a, grads_a), (out_b, grads_b) = a, b
+    assert torch.equal(out_a, out_b)
+    assert all(torch.equal(u, v) for u, v in zip(grads_a, grads_b, strict=True))
+
+
+def test_compile_fullgraph_matches_eager_and_batch_changes_do_not_recompile():
+    torch._dynamo.reset()
+    model = Elementwise()
+    counter = Counter()
+    compiled = torch.compile(model, backend=counter, fullgraph=True, dynamic=True)
+    for batch in (2, 3, 7):
+        x = torch.randn(batch, 8, generator=torch.Generator().manual_seed(batch))
+        assert_same(forward_backward(compiled, x), forward_backward(model, x))
+    assert counter.graphs == 1
+
+
+def test_compile_with_inductor_matches_eager():
+    torch._dynamo.reset()
+    model = Elementwise()
+    compiled = torch.compile(model, fullgraph=True)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+    (out_c, grads_c), (out_e, grads_e) = forward_backward(compiled, x), forward_backward(model, x)
+    # Our kernels run as extern calls; inductor may fuse the few torch ops around them (expand, full_like,
+    # abs, the backward's where/masked_fill/sums), which can reassociate a sum: compare to rounding.
+    torch.testing.assert_close(out_c, out_e, rtol=1e-6, atol=1e-6)
+    for a, b in zip(grads_c, grads_e, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def compile_error(fn, *args):
+    torch._dynamo.reset()
+    with pytest.raises(Exception) as info:
+        torch.compile(fn, backend="aot_eager", fullgraph=True)(*args)
+    return str(info.value)
+
+
+def eager_error(fn, *args):
+    with pytest.raises(RuntimeError) as info:
+        fn(*args)
+    return str(info.value)
+
+
+@pytest.mark.parametrize("bad", ("strided", "dtype", "shape", "out_shape"))
+def test_fake_raises_the_eager_contract_message_at_trace_time(bad):
+    lhs, rhs = torch.rand(4, 6), torch.rand(4, 6)
+    if bad == "strided":
+        args, fn = (lhs, torch.rand(6, 4).t()), torch.ops.fuel.mul
+    elif bad == "dtype":
+        args, fn = (lhs, rhs.double()), torch.ops.fuel.mul
+    elif bad == "shape":
+        args, fn = (lhs, torch.rand(4, 5)), torch.ops.fuel.mul
+    else:
+        args, fn = (lhs, rhs, torch.empty(4, 5)), (lambda a, b, o: torch.ops.fuel.mul.out(a, b, out=o))
+    message = eager_error(fn, *args)
+    assert message.startswith("fuel::mul [mul_f32]: argument ")
+    assert message in compile_error(fn, *args)
+    with pytest.raises(Exception) as info:
+        torch.export.export(Wrap(fn), args)
+    assert message in str(info.value)
+
+
+class Wrap(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+# ---------------------------------------------------------------------------------------------------
+# torch.export
+
+LOAD_AND_RUN = textwrap.dedent("""
+    import sys, torch
+    import fuel_torch  # registers torch.ops.fuel.*: a saved program refers to them by name
+    program = torch.export.load(sys.argv[1])
+    inputs = torch.load(sys.argv[2])
+    torch.save([program.module()(x) for x in inputs], sys.argv[3])
+""")
+
+
+def test_export_save_load_in_a_fresh_process(tmp_path):
+    model = Elementwise().eval()
+    batch = torch.export.Dim("batch", min=2, max=64)
+    example = torch.randn(3, 8)
+    program = torch.export.export(model, (example,), dynamic_shapes=({0: batch},))
+    targets = {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
+    assert {f"fuel.{op}.default" for op in elementwise.OPS} <= targets, targets
+    inputs = [torch.randn(3, 8), torch.randn(5, 8)]  # the exported batch dimension is dynamic
+    for x in inputs:
+        assert torch.equal(program.module()(x), model(x))
+    torch.export.save(program, tmp_path / "model.pt2")
+    torch.save(inputs, tmp_path / "inputs.pt")
+    subprocess.run([sys.executable, "-c", LOAD_AND_RUN, str(tmp_path / "model.pt2"), str(tmp_path / "inputs.pt"),
+                    str(tmp_path / "outputs.pt")], check=True, timeout=120, cwd=tmp_path)
+    for x, loaded in zip(inputs, torch.load(tmp_path / "outputs.pt"), strict=True):
+        assert torch.equal(loaded, model(x))
