@@ -175,11 +175,17 @@ def _conv2d_setup(ctx, inputs, output):
     ctx.args = (_pair(stride), _pair(padding), _pair(dilation), groups)
 
 
+def _needs(ctx):
+    # (x, weight, bias): the dispatcher drops trailing defaulted arguments, bias included, before autograd
+    # sees the call, so needs_input_grad can be shorter than the schema.
+    return (*ctx.needs_input_grad, False, False, False)[:3]
+
+
 def _conv2d_backward(ctx, grad):
     x, weight = ctx.saved_tensors
     stride, padding, dilation, groups = ctx.args
     grad = _dense(grad)
-    need_x, need_w, need_b = ctx.needs_input_grad[:3]
+    need_x, need_w, need_b = _needs(ctx)
     kernel = tuple(weight.shape[2:])
     grad_x = grad_w = grad_b = None
     if need_x:
@@ -205,7 +211,7 @@ def _conv_transpose2d_backward(ctx, grad):
     x, weight = ctx.saved_tensors
     stride, padding, dilation, groups = ctx.args
     grad = _dense(grad)
-    need_x, need_w, need_b = ctx.needs_input_grad[:3]
+    need_x, need_w, need_b = _needs(ctx)
     grad_x = grad_w = grad_b = None
     if need_x:
         # The adjoint is conv2d with the same weight. When output_padding >= stride (torch allows it up to

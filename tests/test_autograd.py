@@ -263,7 +263,13 @@ def test_conv_gradcheck_and_grads_match_torch(case):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12, msg=f"grad {name}")
 
 
-@pytest.mark.parametrize("case", [CONV_CASES[i] for i in (2, 3, 9, 17)], ids=case_id)
+GRADGRAD_CASES = [  # small: gradgradcheck differentiates numerically through every output of the backward
+    (False, 1, 2, 1, 2, 4, 4, (2, 2), (2, 1), (1, 0), (1, 2), (0, 0), True),
+    (True, 1, 2, 1, 1, 3, 3, (2, 2), (2, 1), (1, 0), (1, 2), (1, 1), True),
+]
+
+
+@pytest.mark.parametrize("case", GRADGRAD_CASES, ids=case_id)
 def test_conv_gradgradcheck(case):
     ours, _ = conv_fns(case)
     x, weight, bias = conv_inputs(case)
@@ -281,7 +287,9 @@ def test_conv_backward_runs_on_fuel_kernels(transpose):
         out.backward(torch.ones_like(out))
     used = set(log.ops)
     assert not used & TORCH_TWINS, f"backward used torch's {sorted(used & TORCH_TWINS)}"
-    assert {"fuel.conv2d.default", "fuel.conv_transpose2d.default"} <= used, used
+    # conv2d: input grad by conv_transpose2d, weight grad by conv2d; conv_transpose2d: both by conv2d.
+    expected = {"fuel.conv2d.default"} | (set() if transpose else {"fuel.conv_transpose2d.default"})
+    assert {name for name in used if name.startswith("fuel.")} == expected, used
 
 
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16, torch.float16), ids=str)
