@@ -57,7 +57,12 @@ def _unsupported(module: torch.nn.Module) -> str | None:
 def _batched(input: torch.Tensor):
     """The 4-d contiguous input our kernels take, and whether the result should drop the batch again."""
     unbatched = input.dim() == 3
-    return layout.materialize(input.unsqueeze(0) if unbatched else input), unbatched
+    x = input.unsqueeze(0) if unbatched else input
+    if torch.compiler.is_compiling():
+        # Dynamo cannot read storage_offset(); in a graph the strides are what matters (intermediates start at
+        # offset 0), and a graph input that is an offset view still meets the op's fake, which names it.
+        return x.contiguous(), unbatched
+    return layout.materialize(x), unbatched
 
 
 class Conv2d(torch.nn.Conv2d):
