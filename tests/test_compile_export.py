@@ -44,6 +44,33 @@ def test_opcheck_elementwise(op, dtype, requires_grad):
     run_opcheck(packet.out, (lhs, rhs), {"out": torch.empty(lhs.shape, dtype=dtype)}, requires_grad)
 
 
+CONV_CASES = {  # name: (x shape, weight shape, with bias, functional args after (x, weight, bias))
+    "conv2d": ((2, 4, 7, 6), (6, 2, 3, 2), True, ([2, 1], [1, 0], [1, 2], 2)),
+    "conv2d_defaults": ((1, 3, 5, 5), (2, 3, 3, 3), False, ()),
+    "conv_transpose2d": ((2, 4, 4, 3), (4, 3, 3, 2), True, ([2, 3], [1, 0], [1, 2], 2, [1, 2])),
+    "conv_transpose2d_defaults": ((1, 2, 3, 3), (2, 3, 2, 2), False, ()),
+}
+
+
+@pytest.mark.parametrize("requires_grad", (False, True), ids=("no_grad", "requires_grad"))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", CONV_CASES)
+def test_opcheck_convolution(case, dtype, requires_grad):
+    x_shape, w_shape, with_bias, rest = CONV_CASES[case]
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(x_shape, generator=g).to(dtype).requires_grad_(requires_grad)
+    weight = torch.randn(w_shape, generator=g).to(dtype).requires_grad_(requires_grad)
+    transpose = case.startswith("conv_transpose2d")
+    channels = w_shape[1] * (rest[3] if rest else 1) if transpose else w_shape[0]
+    bias = torch.randn(channels, generator=g).to(dtype).requires_grad_(requires_grad) if with_bias else None
+    packet = torch.ops.fuel.conv_transpose2d if transpose else torch.ops.fuel.conv2d
+    args = (x, weight, bias, *rest) if with_bias or rest else (x, weight)
+    run_opcheck(packet.default, args, {}, requires_grad)
+    with torch.no_grad():
+        expected = packet.default(*args)
+    run_opcheck(packet.out, args, {"out": torch.empty_like(expected)}, requires_grad)
+
+
 # ---------------------------------------------------------------------------------------------------
 # torch.compile
 
@@ -63,6 +90,25 @@ class Elementwise(torch.nn.Module):
         h = f.minimum(h, f.mul(scale, torch.full_like(scale, 4.0)))
         h = f.add(h, f.rem(h, scale))
         return f.pow(f.add(h.abs(), torch.ones_like(h)), scale)
+
+
+class ConvNet(torch.nn.Module):
+    """fuel convolutions (through fuel_torch.nn) and elementwise ops."""
+
+    def __init__(self):
+        super().__init__()
+        self.down = fuel_torch.nn.Conv2d(3, 8, 3, stride=2, padding=1, groups=1)
+        self.mix = fuel_torch.nn.Conv2d(8, 8, (3, 1), padding=(2, 0), dilation=(2, 1), groups=4)
+        self.up = fuel_torch.nn.ConvTranspose2d(8, 3, 3, stride=2, padding=1, output_padding=1)
+
+    def forward(self, x):
+        f = torch.ops.fuel
+        h = self.down(x)
+        h = f.add(h, f.maximum(self.mix(h), torch.zeros_like(h)))
+        return f.div(self.up(h), f.add(x.abs(), torch.ones_like(x)))
+
+
+MODELS = {"elementwise": (Elementwise, (8,)), "conv": (ConvNet, (3, 8, 6))}
 
 
 class Counter:
@@ -92,13 +138,16 @@ def assert_same(a, b):
     assert all(torch.equal(u, v) for u, v in zip(grads_a, grads_b, strict=True))
 
 
-def test_compile_fullgraph_matches_eager_and_batch_changes_do_not_recompile():
+@pytest.mark.parametrize("name", MODELS)
+def test_compile_fullgraph_matches_eager_and_batch_changes_do_not_recompile(name):
     torch._dynamo.reset()
-    model = Elementwise()
+    torch.manual_seed(0)
+    cls, shape = MODELS[name]
+    model = cls()
     counter = Counter()
     compiled = torch.compile(model, backend=counter, fullgraph=True, dynamic=True)
     for batch in (2, 3, 7):
-        x = torch.randn(batch, 8, generator=torch.Generator().manual_seed(batch))
+        x = torch.randn(batch, *shape, generator=torch.Generator().manual_seed(batch))
         assert_same(forward_backward(compiled, x), forward_backward(model, x))
     assert counter.graphs == 1
 
@@ -168,6 +217,25 @@ def test_fake_raises_the_eager_contract_message_at_trace_time(bad):
     assert message in str(info.value)
 
 
+@pytest.mark.parametrize("bad", ("weight_layout", "stride", "groups", "transpose_output_padding"))
+def test_conv_fake_raises_the_eager_contract_message_at_trace_time(bad):
+    x, weight = torch.randn(2, 4, 6, 6), torch.randn(6, 2, 3, 3)
+    if bad == "weight_layout":
+        args, fn = (x, torch.randn(6, 2, 3, 3).transpose(2, 3)), (lambda x, w: torch.ops.fuel.conv2d(x, w, None, 1, 0, 1, 2))
+    elif bad == "stride":
+        args, fn = (x, weight), (lambda x, w: torch.ops.fuel.conv2d(x, w, None, [1, 0], 0, 1, 2))
+    elif bad == "groups":
+        args, fn = (x, weight), (lambda x, w: torch.ops.fuel.conv2d(x, w, None, 1, 0, 1, 3))
+    else:
+        args, fn = (x, torch.randn(4, 3, 3, 3)), (lambda x, w: torch.ops.fuel.conv_transpose2d(x, w, None, 2, 0, 2))
+    message = eager_error(fn, *args)
+    assert message.startswith("fuel::conv")
+    assert message in compile_error(fn, *args)
+    with pytest.raises(Exception) as info:
+        torch.export.export(Wrap(fn), args)
+    assert message in str(info.value)
+
+
 class Wrap(torch.nn.Module):
     def __init__(self, fn):
         super().__init__()
@@ -189,14 +257,22 @@ LOAD_AND_RUN = textwrap.dedent("""
 """)
 
 
-def test_export_save_load_in_a_fresh_process(tmp_path):
-    model = Elementwise().eval()
+EXPORTED_OPS = {"elementwise": {f"fuel.{op}.default" for op in elementwise.OPS},
+                 "conv": {"fuel.conv2d.default", "fuel.conv_transpose2d.default", "fuel.add.default",
+                          "fuel.maximum.default", "fuel.div.default"}}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_export_save_load_in_a_fresh_process(tmp_path, name):
+    torch.manual_seed(0)
+    cls, shape = MODELS[name]
+    model = cls().eval()
     batch = torch.export.Dim("batch", min=2, max=64)
-    example = torch.randn(3, 8)
+    example = torch.randn(3, *shape)
     program = torch.export.export(model, (example,), dynamic_shapes=({0: batch},))
     targets = {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
-    assert {f"fuel.{op}.default" for op in elementwise.OPS} <= targets, targets
-    inputs = [torch.randn(3, 8), torch.randn(5, 8)]  # the exported batch dimension is dynamic
+    assert EXPORTED_OPS[name] <= targets, targets
+    inputs = [torch.randn(3, *shape), torch.randn(5, *shape)]  # the exported batch dimension is dynamic
     for x in inputs:
         assert torch.equal(program.module()(x), model(x))
     torch.export.save(program, tmp_path / "model.pt2")
