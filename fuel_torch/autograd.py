@@ -26,7 +26,6 @@ import torch.autograd.forward_ad as forward_ad
 from . import elementwise, layout
 
 F = torch.ops.fuel
-CONV_OPS = ("conv2d", "conv_transpose2d")
 
 
 def _tensors(args, kwargs):
@@ -38,6 +37,8 @@ def _tensors(args, kwargs):
 
 
 def _refuse_forward_ad(op: str, args, kwargs) -> None:
+    # _current_level is -1 outside every dual_level (torch.func.jvp opens one too): the common case costs
+    # one comparison.
     if forward_ad._current_level >= 0 and any(
             forward_ad.unpack_dual(t).tangent is not None for t in _tensors(args, kwargs)):
         raise RuntimeError(
