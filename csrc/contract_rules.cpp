@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <sstream>
@@ -11,16 +12,16 @@ namespace {
 
 using Table = std::map<std::string, std::vector<KernelRule>>;
 
-std::mutex table_mutex;
+std::mutex install_mutex;
 // Tables are never freed: a call in flight may hold a reference into an older one while a new
 // table is installed (only fuel_torch's import installs one, so this is a handful of bytes).
 std::vector<std::unique_ptr<Table>> all_tables;
-const Table* current_table = nullptr;
+std::atomic<const Table*> current_table{nullptr};
 
 const Table& table() {
-  std::lock_guard<std::mutex> lock(table_mutex);
   static const Table empty;
-  return current_table ? *current_table : empty;
+  const Table* installed = current_table.load(std::memory_order_acquire);
+  return installed ? *installed : empty;
 }
 
 std::string join(const std::vector<std::string>& parts, const char* sep) {
@@ -94,8 +95,8 @@ std::string dtype_str(c10::ScalarType dtype) {
 void install_rules(std::vector<KernelRule> rules) {
   auto fresh = std::make_unique<Table>();
   for (auto& rule : rules) (*fresh)[rule.op].push_back(std::move(rule));
-  std::lock_guard<std::mutex> lock(table_mutex);
-  current_table = fresh.get();
+  std::lock_guard<std::mutex> lock(install_mutex);
+  current_table.store(fresh.get(), std::memory_order_release);
   all_tables.push_back(std::move(fresh));
 }
 

@@ -91,7 +91,7 @@ struct Rem {
 
 // Maximum and minimum return one operand bit for bit: lhs if it is NaN, else rhs if it is NaN,
 // else the larger (smaller) one, lhs on ties (+0 vs -0 included). take_rhs is that choice as a
-// lane mask; the chassis applies it to the stored operands so half NaN payloads survive.
+// lane mask, applied to the stored operands.
 struct Maximum {
   static constexpr const char* name = "maximum";
   template <typename V> static V take_rhs(const V& a, const V& b) { return ((b != b) & (a == a)) | (b > a); }
@@ -105,6 +105,7 @@ template <typename Op, typename = void> struct is_selection : std::false_type {}
 template <typename Op>
 struct is_selection<Op, std::void_t<decltype(&Op::template take_rhs<Vectorized<float>>)>> : std::true_type {};
 
+
 template <typename scalar_t>
 constexpr bool is_half = std::is_same_v<scalar_t, at::BFloat16> || std::is_same_v<scalar_t, at::Half>;
 
@@ -113,31 +114,16 @@ template <typename scalar_t, typename Op>
 inline void apply_block(const scalar_t* lhs, const scalar_t* rhs, scalar_t* out, int64_t count) {
   using Vec = Vectorized<scalar_t>;
   const Vec a = Vec::loadu(lhs, count), b = Vec::loadu(rhs, count);
-  if constexpr (!is_half<scalar_t>) {
-    if constexpr (is_selection<Op>::value) {
-      Vec::blendv(a, b, Op::take_rhs(a, b)).store(out, count);
-    } else {
-      Op::apply(a, b).store(out, count);
-    }
-  } else if constexpr (is_selection<Op>::value) {
-    // Decide in float, then pick the 16-bit operands themselves: narrowing a chosen NaN back
-    // would canonicalize its payload.
-    auto [a_lo, a_hi] = at::vec::convert_to_float<scalar_t>(a);
-    auto [b_lo, b_hi] = at::vec::convert_to_float<scalar_t>(b);
-    const Vectorized<float> take_lo = Op::take_rhs(a_lo, b_lo), take_hi = Op::take_rhs(a_hi, b_hi);
-    __at_align__ scalar_t a_buf[Vec::size()], b_buf[Vec::size()];
-    __at_align__ float take_buf[Vec::size()];
-    a.store(a_buf);
-    b.store(b_buf);
-    take_lo.store(take_buf);
-    take_hi.store(take_buf + Vectorized<float>::size());
-    for (int64_t i = 0; i < count; ++i) {
-      out[i] = c10::bit_cast<uint32_t>(take_buf[i]) ? b_buf[i] : a_buf[i];
-    }
-  } else {
+  if constexpr (is_selection<Op>::value) {
+    // The choice is made on the stored operands, halves included (their vector comparisons run in
+    // float and give 16-bit lane masks), so a chosen NaN keeps its payload.
+    Vec::blendv(a, b, Op::take_rhs(a, b)).store(out, count);
+  } else if constexpr (is_half<scalar_t>) {
     auto [a_lo, a_hi] = at::vec::convert_to_float<scalar_t>(a);
     auto [b_lo, b_hi] = at::vec::convert_to_float<scalar_t>(b);
     at::vec::convert_from_float<scalar_t>(Op::apply(a_lo, b_lo), Op::apply(a_hi, b_hi)).store(out, count);
+  } else {
+    Op::apply(a, b).store(out, count);
   }
 }
 
