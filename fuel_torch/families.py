@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import elementwise
+from . import convolution, elementwise
 
-_FAMILIES: list[ModuleType] = [elementwise]
+_FAMILIES: list[ModuleType] = [elementwise, convolution]
 
 
 def of(op: str) -> ModuleType:

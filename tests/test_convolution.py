@@ -1,0 +1,516 @@
+"""fuel::conv2d and fuel::conv_transpose2d against torch: values, precision, shapes, determinism, layout.
+
+Convolution results are not bit-defined (they depend on the summation order), so the oracles are:
+
+- float32: torch's float64 result from the same rounded operands is the reference. It is exact to
+  within K * 2^-53 * S (a product of two floats of 24 bits is exact in float64; K = taps per output,
+  S = conv(|x|, |w|) + |bias|). Our largest error against it must be at most 2x torch's own largest
+  error, and every output within the contract's bound (K + 2) * 2^-24 * S.
+- bfloat16 / float16: the contract's claim, convolution.half_result_check: with g = (K + 2) * 2^-24 * S,
+  every output with g <= ulp(exact) / 2 is within 1 ulp of the correctly rounded value, and every
+  output satisfies |out - exact| <= ulp(out) / 2 + g. torch's own half results are never compared
+  tightly (its float16 conv_transpose2d does not accumulate in float32).
+- float64: the rigorous |out - exact| <= (K + 2) * 2^-53 * S against an exactly rounded reference
+  (math.fsum of error-free split products) in test_float64_rigorous_bound; elsewhere ours and torch's
+  float64 results must lie within twice that bound of each other (each is within it of the exact value).
+- integer-valued operands (randint(-3, 4)): every partial sum is exact, so the result is bit-identical
+  to the correctly rounded exact value, and to torch in float32/float64.
+"""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fuel_torch
+from fuel_torch import convolution, reference
+
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
+OPS = ("conv2d", "conv_transpose2d")
+TORCH = {"conv2d": F.conv2d, "conv_transpose2d": F.conv_transpose2d}
+API = {"conv2d": fuel_torch.conv2d, "conv_transpose2d": fuel_torch.conv_transpose2d}
+
+
+def operands(op, n, cin, cout, groups, kernel, spatial, bias, dtype, generator, integer=False):
+    def draw(*shape):
+        if integer:
+            return torch.randint(-3, 4, shape, generator=generator).to(dtype)
+        return torch.randn(shape, generator=generator, dtype=torch.float64).to(dtype)
+
+    x = draw(n, cin, *spatial)
+    w = draw(cout, cin // groups, *kernel) if op == "conv2d" else draw(cin, cout // groups, *kernel)
+    return x, w, draw(cout) if bias else None
+
+
+def check_values(op, ours, x, w, b, geometry):
+    """ours against the oracle of its dtype (module docstring)."""
+    exact, scale = convolution.float64_reference(op, x, w, b, **geometry)
+    assert ours.shape == exact.shape and ours.dtype == x.dtype and ours.is_contiguous()
+    if ours.numel() == 0:
+        return
+    taps = convolution.taps_per_output(op, x, w, geometry.get("groups", 1))
+    reference_error = (taps + 1) * 2.0**-53 * scale
+    if x.dtype == torch.float32:
+        theirs = TORCH[op](x, w, b, **geometry)
+        ours_err, theirs_err = ((t.double() - exact).abs() for t in (ours, theirs))
+        assert ours_err.max() <= 2 * theirs_err.max(), (ours_err.max().item(), theirs_err.max().item())
+        assert (ours_err <= (taps + 2) * 2.0**-24 * scale + reference_error).all()
+    elif x.dtype == torch.float64:
+        theirs = TORCH[op](x, w, b, **geometry)
+        assert ((ours - theirs).abs() <= 2 * (taps + 2) * 2.0**-53 * scale).all()
+    else:
+        found = convolution.half_result_check(ours, exact, scale, taps)
+        assert found["max_ulp"] <= 1 and found["bound_ok"], found
+
+
+# ---------------------------------------------------------------------------------------------
+# Parity grid: every pair of factor values appears in at least one case (greedy pairwise cover),
+# far fewer cases than the full product. A case torch refuses is taken only when no accepted one
+# covers the pair (e.g. a 1x1 input with a 7x7 kernel and padding <= 2 in conv2d); there both must
+# refuse. Empty batches are covered by test_empty_batch.
+
+FACTORS = {
+    "op": list(OPS),
+    "batch": [1, 3],
+    "channels": [(3, 5, 1), (8, 16, 1), (10, 7, 1), (6, 4, 2), (12, 18, 3), (7, 7, 7), (4, 12, 4), (1, 1, 1)],
+    "kernel": [(1, 1), (3, 3), (5, 5), (7, 7), (1, 3), (3, 1)],
+    "stride": [1, 2, 3, (2, 1), (1, 3)],
+    "padding": [0, 1, 2, (1, 0), (0, 2)],
+    "dilation": [1, 2, (2, 1)],
+    "bias": [True, False],
+    "spatial": [(1, 1), (5, 7), (16, 16), (64, 64)],
+    "dtype": DTYPES,
+    "output_padding": ["none", "largest"],  # conv_transpose2d: 0, or max(stride, dilation) - 1
+}
+
+
+def _pair(v):
+    return v if isinstance(v, tuple) else (v, v)
+
+
+def geometry_of(case: dict) -> dict:
+    cin, cout, groups = case["channels"]
+    geometry = {"stride": case["stride"], "padding": case["padding"], "dilation": case["dilation"], "groups": groups}
+    if case["op"] == "conv_transpose2d":
+        s, d = _pair(case["stride"]), _pair(case["dilation"])
+        geometry["output_padding"] = tuple(max(s[i], d[i]) - 1 if case["output_padding"] == "largest" else 0
+                                           for i in range(2))
+    return geometry
+
+
+def torch_accepts(case: dict) -> bool:
+    op, (cin, cout, groups) = case["op"], case["channels"]
+    x = torch.empty(case["batch"], cin, *case["spatial"], device="meta")
+    w_shape = (cout, cin // groups) if op == "conv2d" else (cin, cout // groups)
+    try:
+        out = TORCH[op](x, torch.empty(*w_shape, *case["kernel"], device="meta"), None, **geometry_of(case))
+    except RuntimeError:
+        return False
+    return min(out.shape[2:]) >= 1  # torch's meta kernels skip the CPU kernels' "output size too small" check
+
+
+def pairwise_cases(factors: dict, seed: int = 0, candidates: int = 30, attempts: int = 300) -> list[dict]:
+    names = list(factors)
+    uncovered = {(a, i, b, j) for x, a in enumerate(names) for b in names[x + 1:]
+                 for i in range(len(factors[a])) for j in range(len(factors[b]))}
+    rng, cases = random.Random(seed), []
+    while uncovered:
+        a, i, b, j = min(uncovered)
+        best, best_gain, fallback = None, -1, None
+        for attempt in range(attempts):
+            pick = {name: rng.randrange(len(values)) for name, values in factors.items()}
+            pick[a], pick[b] = i, j
+            if not torch_accepts({name: factors[name][k] for name, k in pick.items()}):
+                fallback = fallback or pick
+                continue
+            gain = sum((p, pick[p], q, pick[q]) in uncovered for x, p in enumerate(names) for q in names[x + 1:])
+            if gain > best_gain:
+                best, best_gain = pick, gain
+            if attempt >= candidates and best is not None:
+                break
+        best = best or fallback
+        uncovered -= {(p, best[p], q, best[q]) for x, p in enumerate(names) for q in names[x + 1:]}
+        cases.append({name: factors[name][index] for name, index in best.items()})
+    return cases
+
+
+GRID = pairwise_cases(FACTORS)
+# Small inputs where the kernel still fits, so 1x1 inputs are computed and not only rejected.
+GRID += [
+    dict(op="conv2d", batch=2, channels=(5, 6, 1), kernel=(3, 3), stride=1, padding=1, dilation=1, bias=True,
+         spatial=(1, 1), dtype=dtype, output_padding="none") for dtype in DTYPES
+] + [
+    dict(op="conv_transpose2d", batch=2, channels=(6, 9, 3), kernel=(3, 2), stride=(2, 3), padding=0,
+         dilation=(1, 2), bias=True, spatial=(1, 1), dtype=dtype, output_padding="largest") for dtype in DTYPES
+]
+
+
+def test_grid_covers_every_pair():
+    assert 40 <= len(GRID) <= 120
+    for a in FACTORS:
+        for value in FACTORS[a]:
+            assert any(case[a] == value for case in GRID), (a, value)
+    assert sum(map(torch_accepts, GRID)) >= 0.85 * len(GRID)  # mostly computed, not refused
+
+
+@pytest.mark.parametrize("number", range(len(GRID)))
+def test_parity_grid(number):
+    case = GRID[number]
+    op, (cin, cout, groups) = case["op"], case["channels"]
+    generator = torch.Generator().manual_seed(number)
+    x, w, b = operands(op, case["batch"], cin, cout, groups, case["kernel"], case["spatial"], case["bias"],
+                       case["dtype"], generator)
+    geometry = geometry_of(case)
+    if not torch_accepts(case):  # torch refuses the geometry: ours refuses it too, with a contract message
+        with pytest.raises(fuel_torch.ContractViolation):
+            API[op](x, w, b, **geometry)
+        return
+    check_values(op, API[op](x, w, b, **geometry), x, w, b, geometry)
+
+
+# ---------------------------------------------------------------------------------------------
+# torch's OpInfo samples
+
+
+@pytest.fixture(scope="module")
+def opinfo_samples():
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    samples = []
+    for op in OPS:
+        info = next(o for o in op_db if o.name == f"nn.functional.{op}" and not o.variant_test_name)
+        for sample in info.sample_inputs("cpu", torch.float64):
+            if sample.input.dim() != 4 or isinstance(sample.kwargs.get("padding"), str):
+                continue
+            bias = sample.args[1] if len(sample.args) > 1 else sample.kwargs.get("bias")
+            kwargs = {k: v for k, v in sample.kwargs.items() if k != "bias"}
+            samples.append((op, sample.input.detach(), sample.args[0].detach(),
+                            None if bias is None else bias.detach(), kwargs))
+    return samples
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_opinfo_samples(opinfo_samples, dtype):
+    assert sum(op == "conv_transpose2d" for op, *_ in opinfo_samples) >= 4 and len(opinfo_samples) >= 15
+    for op, x, w, b, kwargs in opinfo_samples:
+        x, w = x.to(dtype), w.to(dtype)
+        b = None if b is None else b.to(dtype)
+        check_values(op, API[op](x, w, b, **kwargs), x, w, b, kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Precision
+
+
+def _split(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Veltkamp: t = hi + lo exactly, each with at most 26 significant bits (products then exact)."""
+    c = t * (2.0**27 + 1)
+    hi = c - (c - t)
+    return hi, t - hi
+
+
+def _as_conv2d(op, x, w, geometry):
+    """(input, weight, conv2d geometry) of an equivalent conv2d: conv_transpose2d is conv2d of the
+    zero-stuffed input, padded by dilation * (k - 1) - padding (cropped where negative), with each
+    group's weight transposed and flipped."""
+    geometry = dict(geometry)
+    if op == "conv2d":
+        return x, w, geometry
+    s, p, d = (_pair(geometry.pop(k, default)) for k, default in (("stride", 1), ("padding", 0), ("dilation", 1)))
+    out_pad = _pair(geometry.pop("output_padding", 0))
+    groups = geometry.get("groups", 1)
+    n, cin, h, wd = x.shape
+    stuffed = x.new_zeros(n, cin, (h - 1) * s[0] + 1, (wd - 1) * s[1] + 1)
+    stuffed[:, :, ::s[0], ::s[1]] = x
+    q = [d[i] * (w.shape[2 + i] - 1) - p[i] for i in range(2)]
+    stuffed = F.pad(stuffed, (q[1], q[1] + out_pad[1], q[0], q[0] + out_pad[0]))
+    cin_g, cout_g = cin // groups, w.shape[1]
+    flipped = w.flip(2, 3).reshape(groups, cin_g, cout_g, *w.shape[2:]).transpose(1, 2)
+    return stuffed, flipped.reshape(groups * cout_g, cin_g, *w.shape[2:]), {"dilation": d, "groups": groups}
+
+
+def exact_float64(op, x, w, b, geometry) -> torch.Tensor:
+    """The exact result rounded once to float64: math.fsum over error-free products."""
+    xi, wi, g = _as_conv2d(op, x, w, geometry)
+    groups = g.get("groups", 1)
+    kernel = wi.shape[2:]
+    cols = F.unfold(xi, kernel, dilation=g.get("dilation", 1), padding=g.get("padding", 0), stride=g.get("stride", 1))
+    n, _, length = cols.shape
+    cout, cin_g = wi.shape[0], wi.shape[1]
+    cols = cols.reshape(n, groups, cin_g * kernel[0] * kernel[1], length)
+    rows = wi.reshape(groups, cout // groups, -1)
+    terms = []
+    for xs in _split(cols):
+        for ws in _split(rows):
+            # [n, groups, cout_g, length, taps]: each entry an exact product
+            terms.append(ws[None, :, :, None, :] * xs.transpose(2, 3)[:, :, None, :, :])
+    products = torch.cat(terms, dim=-1).reshape(n, cout, length, -1)
+    if b is not None:
+        products = torch.cat([products, b.double().reshape(1, cout, 1, 1).expand(n, cout, length, 1)], dim=-1)
+    sums = [math.fsum(row) for row in products.reshape(-1, products.shape[-1]).tolist()]
+    out_h = (xi.shape[2] + 2 * _pair(g.get("padding", 0))[0] - _pair(g.get("dilation", 1))[0] * (kernel[0] - 1) - 1) \
+        // _pair(g.get("stride", 1))[0] + 1
+    return torch.tensor(sums, dtype=torch.float64).reshape(n, cout, out_h, -1)
+
+
+F64_CASES = [
+    ("conv2d", (2, 6, 9, 8), (4, 3, 3, 3), dict(stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2)),
+    ("conv2d", (1, 64, 6, 6), (3, 64, 3, 3), dict(padding=1)),
+    ("conv2d", (2, 4, 7, 7), (8, 1, 5, 5), dict(padding=2, groups=4)),
+    ("conv_transpose2d", (2, 6, 5, 4), (6, 2, 3, 4), dict(stride=(2, 3), padding=(1, 2), output_padding=(1, 0),
+                                                          dilation=(1, 2), groups=3)),
+    ("conv_transpose2d", (1, 48, 4, 4), (48, 3, 3, 3), dict(stride=2, padding=1, output_padding=1)),
+]
+
+
+@pytest.mark.parametrize("op,x_shape,w_shape,geometry", F64_CASES)
+def test_float64_rigorous_bound(op, x_shape, w_shape, geometry):
+    """|out - exact| <= (K + 2) * 2^-53 * (conv(|x|, |w|) + |bias|), exact = correctly rounded fsum;
+    the scale is itself computed in float64, so it gets a (K + 2) * 2^-52 relative margin, and the
+    reference its own half ulp."""
+    generator = torch.Generator().manual_seed(7)
+    x = torch.randn(x_shape, generator=generator, dtype=torch.float64) * 3
+    w = torch.randn(w_shape, generator=generator, dtype=torch.float64)
+    cout = w_shape[0] if op == "conv2d" else w_shape[1] * geometry.get("groups", 1)
+    b = torch.randn(cout, generator=generator, dtype=torch.float64)
+    exact = exact_float64(op, x, w, b, geometry)
+    torch_result, scale = convolution.float64_reference(op, x, w, b, **geometry)
+    assert exact.shape == torch_result.shape
+    assert ((exact - torch_result).abs() <= 1e-12 * scale).all()  # the reference is the right convolution
+    ours = API[op](x, w, b, **geometry)
+    taps = convolution.taps_per_output(op, x, w, geometry.get("groups", 1))
+    bound = (taps + 2) * 2.0**-53 * scale * (1 + (taps + 2) * 2.0**-52) + 2.0**-53 * exact.abs()
+    assert ((ours - exact).abs() <= bound).all()
+    assert ((ours - exact).abs() > 0).any()  # the data is not trivially exact
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_float32_long_reductions_beat_twice_torchs_error(op):
+    """Long reductions (K up to 4608) where a plain sequential float32 sum would fall behind torch."""
+    generator = torch.Generator().manual_seed(3)
+    cases = [((2, 512, 8, 8), 32, (3, 3), {"padding": 1}), ((2, 2048, 5, 5), 16, (1, 1), {})]
+    for x_shape, cout, kernel, geometry in cases:
+        for shift in (0.0, 1.0):  # a non-zero mean makes the partial sums grow
+            x, w, b = operands(op, x_shape[0], x_shape[1], cout, 1, kernel, x_shape[2:], True, torch.float32,
+                               generator)
+            x, w = x + shift, w + shift / 10
+            check_values(op, API[op](x, w, b, **geometry), x, w, b, geometry)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("op", OPS)
+def test_integer_valued_inputs_are_exact(op, dtype):
+    generator = torch.Generator().manual_seed(11)
+    geometries = [({"padding": 1}, (3, 3), 1), ({"stride": (2, 1), "dilation": (1, 2), "groups": 2}, (3, 2), 2),
+                  ({"groups": 6}, (5, 5), 6)]
+    for geometry, kernel, groups in geometries:
+        if op == "conv_transpose2d" and geometry.get("stride", 1) != 1:
+            geometry = dict(geometry, output_padding=(1, 0))
+        x, w, b = operands(op, 2, 6, 12, groups, kernel, (9, 10), True, dtype, generator, integer=True)
+        exact, _ = convolution.float64_reference(op, x, w, b, **geometry)
+        ours = API[op](x, w, b, **geometry)
+        assert reference.bit_equal(ours, convolution.correctly_rounded(exact, dtype))
+        if dtype in (torch.float32, torch.float64):
+            assert reference.bit_equal(ours, TORCH[op](x, w, b, **geometry))
+
+
+@pytest.mark.parametrize("dtype,big", [(torch.bfloat16, 256.0), (torch.float16, 2048.0)], ids=str)
+@pytest.mark.parametrize("op", OPS)
+def test_halves_accumulate_in_float32(op, dtype, big):
+    """At `big` an accumulator of `dtype` no longer moves when 1 is added (bfloat16 has 8 significant
+    bits, float16 11). The exact results below are representable; a `dtype` accumulator would return
+    `big` for the first and 0 for the second."""
+    ones = torch.ones(1, 64, 1, 1, dtype=dtype)
+    weight = torch.ones(64, 1, 1, 1, dtype=dtype) if op == "conv_transpose2d" else torch.ones(1, 64, 1, 1, dtype=dtype)
+    with_bias = API[op](ones, weight, torch.tensor([big], dtype=dtype))
+    assert with_bias.item() == big + 64
+
+    x = torch.ones(1, 66, 1, 1, dtype=dtype)
+    values = torch.tensor([big] + [1.0] * 64 + [-big], dtype=dtype)
+    weight = values.reshape(66, 1, 1, 1) if op == "conv_transpose2d" else values.reshape(1, 66, 1, 1)
+    assert API[op](x, weight).item() == 64
+
+    narrow = torch.tensor(big, dtype=dtype)  # what a `dtype` accumulator would do
+    for _ in range(64):
+        narrow = narrow + torch.tensor(1.0, dtype=dtype)
+    assert narrow.item() == big
+
+
+# ---------------------------------------------------------------------------------------------
+# Determinism
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("op", OPS)
+def test_deterministic_across_calls_and_threads(op, dtype):
+    """16 calls byte-identical, and the same bytes for 1, 2 and 3 threads. The shape has more than one
+    tap chunk (288 taps > 256) and channel chunk (70 > 64) and enough tasks to be split."""
+    generator = torch.Generator().manual_seed(5)
+    geometry = {"padding": 1, "stride": 2} if op == "conv2d" else {"padding": 1, "stride": 2, "output_padding": 1}
+    x, w, b = operands(op, 3, 32, 70, 1, (3, 3), (23, 21), True, dtype, generator)
+    first = API[op](x, w, b, **geometry)
+    for _ in range(15):
+        assert reference.bit_equal(API[op](x, w, b, **geometry), first)
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2, 3):
+            torch.set_num_threads(count)
+            assert reference.bit_equal(API[op](x, w, b, **geometry), first), count
+    finally:
+        torch.set_num_threads(threads)
+
+
+# ---------------------------------------------------------------------------------------------
+# Shapes, out=, layout policy, meta and symbolic shapes
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("op", OPS)
+def test_empty_batch(op, dtype):
+    x = torch.empty(0, 4, 7, 6, dtype=dtype)
+    w = torch.randn(6, 2, 3, 3).to(dtype) if op == "conv2d" else torch.randn(4, 3, 3, 3).to(dtype)
+    geometry = {"groups": 2, "stride": 2}
+    expected = TORCH[op](x.double(), w.double(), None, **geometry).shape
+    ours = API[op](x, w, torch.zeros(6, dtype=dtype), **geometry)
+    assert ours.shape == expected and ours.dtype == dtype and ours.numel() == 0
+    out = torch.empty(expected, dtype=dtype)
+    assert API[op](x, w, None, **geometry, out=out) is out
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_no_input_channels_give_the_bias(op):
+    """Cin = 0: every sum is empty, so out is the bias (torch returns a 0-channel tensor here)."""
+    x = torch.empty(2, 0, 5, 5)
+    w = torch.empty(3, 0, 3, 3) if op == "conv2d" else torch.empty(0, 3, 3, 3)
+    b = torch.tensor([1.5, -2.0, 0.25])
+    ours = API[op](x, w, b)
+    size = 3 if op == "conv2d" else 7
+    assert reference.bit_equal(ours, b.reshape(1, 3, 1, 1).expand(2, 3, size, size).contiguous())
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("op", OPS)
+def test_out_overload_overwrites_every_element(op, dtype):
+    generator = torch.Generator().manual_seed(2)
+    geometry = {"stride": (1, 2), "padding": (2, 1), "groups": 3}
+    if op == "conv_transpose2d":
+        geometry["output_padding"] = (0, 1)
+    x, w, b = operands(op, 2, 6, 9, 3, (3, 4), (8, 9), True, dtype, generator)
+    expected = API[op](x, w, b, **geometry)
+    out = torch.full_like(expected, float("nan"))
+    result = getattr(torch.ops.fuel, op).out(x, w, b, **geometry, out=out)
+    assert result is out and reference.bit_equal(out, expected)
+    out.fill_(float("nan"))
+    assert API[op](x, w, b, **geometry, out=out) is out and reference.bit_equal(out, expected)
+
+
+def test_keyword_arguments_match_torch():
+    generator = torch.Generator().manual_seed(4)
+    x, w, b = operands("conv2d", 1, 4, 6, 2, (3, 3), (9, 9), True, torch.float64, generator)
+    kwargs = dict(input=x, weight=w, bias=b, stride=2, padding=1, dilation=1, groups=2)
+    assert torch.allclose(fuel_torch.conv2d(**kwargs), F.conv2d(**kwargs))
+    xt, wt, bt = operands("conv_transpose2d", 1, 4, 6, 2, (3, 3), (9, 9), True, torch.float64, generator)
+    kwargs = dict(input=xt, weight=wt, bias=bt, stride=2, padding=1, output_padding=1, groups=2, dilation=1)
+    assert torch.allclose(fuel_torch.conv_transpose2d(**kwargs), F.conv_transpose2d(**kwargs))
+    # positional order as torch.nn.functional
+    args = (xt, wt, bt, 2, 1, 1, 2, 1)
+    assert torch.allclose(fuel_torch.conv_transpose2d(*args), F.conv_transpose2d(*args))
+
+
+@pytest.mark.parametrize("padding", ["valid", "same"])
+def test_string_padding(padding):
+    generator = torch.Generator().manual_seed(6)
+    x, w, b = operands("conv2d", 2, 3, 4, 1, (3, 5), (8, 9), True, torch.float64, generator)
+    ours = fuel_torch.conv2d(x, w, b, padding=padding, dilation=(2, 1))
+    theirs = F.conv2d(x, w, b, padding=padding, dilation=(2, 1))
+    assert ours.shape == theirs.shape and torch.allclose(ours, theirs)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_contiguize_policy(op):
+    generator = torch.Generator().manual_seed(8)
+    x, w, b = operands(op, 2, 4, 6, 2, (3, 3), (8, 9), True, torch.float32, generator)
+    awkward_x = x.transpose(2, 3).contiguous().transpose(2, 3)  # same values, strided
+    awkward_w = torch.cat([w, w])[w.shape[0]:]  # same values, storage offset
+    awkward_b = torch.stack([b, b], 1)[:, 0]  # same values, stride 2
+    geometry = {"groups": 2, "padding": 1}
+    expected = API[op](x, w, b, **geometry)
+    with pytest.raises(fuel_torch.ContractViolation):
+        API[op](awkward_x, w, b, **geometry)
+    with fuel_torch.layout_policy("contiguize"):
+        assert reference.bit_equal(API[op](awkward_x, awkward_w, awkward_b, **geometry), expected)
+        with pytest.raises(RuntimeError, match="layout.strided: rejected"):
+            getattr(torch.ops.fuel, op)(awkward_x, w, b, **geometry)  # the raw op stays strict
+    expanded = torch.full((1,), 0.5).expand(6)
+    with fuel_torch.layout_policy("contiguize"):
+        assert reference.bit_equal(API[op](x, w, expanded, **geometry), API[op](x, w, torch.full((6,), 0.5),
+                                                                                 **geometry))
+
+
+GEOMETRIES = [
+    ("conv2d", (2, 6, 11, 13), (4, 3, 3, 5), dict(stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2)),
+    ("conv2d", (0, 4, 5, 5), (8, 1, 5, 5), dict(groups=4)),
+    ("conv_transpose2d", (3, 6, 5, 7), (6, 2, 4, 3), dict(stride=(3, 2), padding=(1, 0), output_padding=(2, 1),
+                                                          dilation=(1, 2), groups=3)),
+]
+
+
+@pytest.mark.parametrize("op,x_shape,w_shape,geometry", GEOMETRIES)
+def test_meta_tensors_infer_shapes(op, x_shape, w_shape, geometry):
+    x, w = torch.empty(x_shape, device="meta"), torch.empty(w_shape, device="meta")
+    ours = getattr(torch.ops.fuel, op)(x, w, None, **geometry)
+    theirs = TORCH[op](torch.zeros(x_shape), torch.zeros(w_shape), None, **geometry)
+    assert ours.device.type == "meta" and ours.shape == theirs.shape and ours.stride() == theirs.contiguous().stride()
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_fake_kernel_works_on_symbolic_shapes(op):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    geometry = {"stride": 2, "padding": 1}
+    if op == "conv_transpose2d":
+        geometry["output_padding"] = 1
+
+    def model(x, w, b):
+        return API[op](x, w, b, **geometry)
+
+    generator = torch.Generator().manual_seed(9)
+    x, w, b = operands(op, 2, 4, 6, 1, (3, 3), (9, 10), True, torch.float32, generator)
+    graph = make_fx(model, tracing_mode="symbolic")(x, w, b)
+    assert any("fuel" in str(node.target) for node in graph.graph.nodes)
+    for shape in [(3, 4, 12, 7), (1, 4, 5, 16)]:
+        other = torch.randn(shape)
+        assert reference.bit_equal(graph(other, w, b), model(other, w, b))
+
+
+# ---------------------------------------------------------------------------------------------
+# Registration
+
+
+def test_every_registered_op_and_dtype_has_exactly_one_contract():
+    """The bijection over all families: 10 ops x 4 dtypes, each registered, each with one contract."""
+    contracts = fuel_torch.installed()
+    pairs = [(c.op, c.dtype) for c in contracts.registrable]
+    assert len(pairs) == len(set(pairs))
+    for op in contracts.ops():
+        assert hasattr(torch.ops.fuel, op) and hasattr(getattr(torch.ops.fuel, op), "out")
+        assert sorted(str(c.dtype) for c in contracts.for_op(op)) == sorted(str(d) for d in DTYPES)
+    assert {"conv2d", "conv_transpose2d"} <= set(contracts.ops())
+    assert str(torch.ops.fuel.conv2d.default._schema) == (
+        "fuel::conv2d(Tensor x, Tensor weight, Tensor? bias=None, int[2] stride=1, int[2] padding=0, "
+        "int[2] dilation=1, int groups=1) -> Tensor")
+    assert str(torch.ops.fuel.conv_transpose2d.out._schema) == (
+        "fuel::conv_transpose2d.out(Tensor x, Tensor weight, Tensor? bias=None, int[2] stride=1, int[2] padding=0, "
+        "int[2] output_padding=0, int groups=1, int[2] dilation=1, *, Tensor(a!) out) -> Tensor(a!)")
+    assert torch.Tag.out in torch.ops.fuel.conv2d.out.tags and torch.Tag.out in torch.ops.fuel.conv_transpose2d.out.tags
+
+
+@pytest.mark.parametrize("kernel", ["conv2d_f32", "conv2d_f64", "conv2d_bf16", "conv2d_f16", "conv_transpose2d_f32",
+                                    "conv_transpose2d_f64", "conv_transpose2d_bf16", "conv_transpose2d_f16"])
+def test_cli_parity_check(kernel):
+    contract = fuel_torch.installed().by_kernel[kernel]
+    ok, detail = convolution.parity(contract)
+    assert ok, detail
