@@ -127,6 +127,10 @@ def run(steps: int = 300, compile: bool = True, seed: int = 0, batch: int = 32, 
         print("step  " + "  ".join(f"{n:>24}" for n in names))
         for step in sorted({0, steps - 1, *range(0, steps, max(1, steps // 10))}):
             print(f"{step:4d}  " + "  ".join(f"{runs[n][step]:24.6f}" for n in names))
+        reference_losses = runs[names[0]]
+        for n in names[1:]:
+            worst = max(abs(a - b) / abs(b) for a, b in zip(runs[n], reference_losses))
+            print(f"{n}: largest relative loss difference from {names[0]} over {steps} steps: {worst:.2e}")
         print("seconds " + ", ".join(f"{n}: {t:.1f}" for n, t in timings.items()))
     return runs
 

@@ -257,9 +257,8 @@ def _register_all() -> None:
         _register_elementwise(op)
         _register_out(op)
     for op, (setup_context, backward) in CONV_GRADS.items():
-        if hasattr(F, op):
-            torch.library.register_autograd(f"fuel::{op}", backward, setup_context=setup_context, lib=_LIB)
-            _register_out(op)
+        torch.library.register_autograd(f"fuel::{op}", backward, setup_context=setup_context, lib=_LIB)
+        _register_out(op)
 
 
 _register_all()
