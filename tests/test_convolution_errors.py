@@ -322,7 +322,7 @@ fuel::conv_transpose2d [conv_transpose2d_f32]: argument 'out' breaks `return.ali
 
 class TestPythonApi(expecttest.TestCase):
     def test_api_raises_the_contract_message(self):
-        with pytest.raises(fuel_torch.ContractViolation) as info:
+        with pytest.raises(RuntimeError) as info:
             fuel_torch.conv2d(x_(*X), x_(4, 4, 3, 3), groups=0)
         self.assertExpectedInline(str(info.value), """\
 fuel::conv2d [conv2d_f32]: argument 'groups' breaks `op_params.groups: groups >= 1`: saw groups 0. Fix: use groups of at least 1.""")
