@@ -7,9 +7,12 @@ overload, to plan its output buffer. It builds the call from the *flattened* non
 ("expected at most 8 argument(s) but received 13"). Any custom op with a list argument and an out
 variant hits it (tests/test_compile_export.py reproduces it on a throwaway op).
 
-The fix: for fuel ops with list arguments, report "no out variant" to that lowering, so inductor calls the
-functional op as a plain fallback kernel (the path it has always used, which passes lists correctly). The
-elementwise ops keep the out-variant lowering, which is correct for them. Nothing else in torch changes.
+The same lowering also fails under dynamic shapes when the op's input comes from another fallback kernel
+(a fuel conv feeding fuel maximum: its planned buffer gets symbolic sizes FixedLayout refuses).
+
+The fix: for every fuel op, report "no out variant" to that lowering, so inductor calls the functional op
+as a plain fallback kernel (the path it has always used, which passes lists and symbolic sizes correctly).
+Nothing else in torch changes; users' own .out calls are still functionalized by the out tag.
 """
 from __future__ import annotations
 
@@ -18,10 +21,6 @@ import functools
 import torch
 
 NAMESPACE = "fuel"
-
-
-def _has_list_argument(op: torch._ops.OpOverload) -> bool:
-    return any(isinstance(argument.type, torch.ListType) for argument in op._schema.arguments)
 
 
 def install() -> bool:
@@ -36,7 +35,7 @@ def install() -> bool:
 
     @functools.wraps(original)
     def to_out_variant(op):
-        if getattr(op, "namespace", None) == NAMESPACE and _has_list_argument(op):
+        if getattr(op, "namespace", None) == NAMESPACE:
             return None
         return original(op)
 

@@ -182,7 +182,30 @@ def test_the_torch_bug_behind_compile_fixes_is_still_there():
         torch.compile(lambda x: torch.ops.fuel_compile_fix_probe.probe(x, [2, 3]), fullgraph=True)(torch.ones(3))
     from torch._library._out_variant import to_out_variant
     assert to_out_variant(torch.ops.fuel.conv2d.default) is None  # routed around the bug
-    assert to_out_variant(torch.ops.fuel.add.default) is torch.ops.fuel.add.out  # no list argument: unaffected
+    assert to_out_variant(torch.ops.fuel.add.default) is None  # dynamic shapes break that lowering too (below)
+
+
+def test_dynamic_compile_of_a_fuel_conv_feeding_fuel_elementwise_ops():
+    """The README's example: under dynamic=True inductor's out-variant lowering of fuel.maximum fails on the
+    symbolic sizes of the conv's output; compile_fixes keeps it on the functional op."""
+    import fuel_torch.nn
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = fuel_torch.nn.Conv2d(8, 8, 3, padding=1)
+
+        def forward(self, x):
+            return torch.ops.fuel.add(x, torch.ops.fuel.maximum(self.conv(x), torch.zeros_like(x)))
+
+    torch.manual_seed(0)
+    model = Block()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, dynamic=True)
+    for batch in (4, 3):
+        x = torch.randn(batch, 8, 16, 16)
+        compiled(x).sum().backward()
+        assert torch.equal(compiled(x), model(x))
 
 
 def compile_error(fn, *args):
