@@ -251,11 +251,12 @@ void check_allocation(const Checker& c, const Problem& p, c10::ScalarType dtype)
 // ---------------------------------------------------------------------------------------------
 // The chassis.
 
-constexpr int64_t kBlock = 16;           // taps summed from zero before joining the running total
+constexpr int64_t kBlock = 32;           // taps summed from zero before joining the running total
 constexpr int64_t kTapChunk = 256;       // taps gathered at once (a multiple of kBlock)
-constexpr int64_t kChannelChunk = 64;    // output channels per task
-constexpr int64_t kPositionBytes = 512;  // positions per task: 512 bytes of acc_t per gathered row
-constexpr int kChannelBlock = 4;         // output channels per register block
+constexpr int64_t kChannelChunk = 256;   // output channels per task
+constexpr int64_t kScratchBytes = 131072; // per thread, for the gathered taps and for the running totals
+constexpr int64_t kMaxPositions = 4096;   // output positions per task, at most
+constexpr int kChannelBlock = 6;         // output channels per register block (12 accumulators)
 constexpr int kVectorBlock = 2;          // vectors of positions per register block
 static_assert(kTapChunk % kBlock == 0, "a tap chunk must hold whole blocks, or chunking would change the sums");
 
@@ -264,10 +265,13 @@ template <typename T> using acc_type = std::conditional_t<std::is_same_v<T, doub
 template <typename T>
 constexpr bool is_half = std::is_same_v<T, at::BFloat16> || std::is_same_v<T, at::Half>;
 
-int64_t floor_div(__int128 a, int64_t b) {  // b > 0
+// floor(a / b) for b > 0, clamped to +-2^62: callers clamp it to a grid range anyway, and the margin
+// lets them add or negate it without overflow.
+int64_t floor_div(__int128 a, int64_t b) {
   __int128 q = a / b;
   if (a % b != 0 && a < 0) --q;
-  return static_cast<int64_t>(std::clamp<__int128>(q, -kInt64Max, kInt64Max));
+  constexpr __int128 limit = __int128(1) << 62;
+  return static_cast<int64_t>(std::clamp<__int128>(q, -limit, limit));
 }
 
 // One kernel tap along one axis: the kernel index, and the grid range [lo, hi) whose input
@@ -323,10 +327,23 @@ Axis make_axis(const Problem& p, int i) {
   return axis;
 }
 
+template <typename T>
+inline void zero(T* dst, int64_t n) {
+  using Vec = Vectorized<T>;
+  const Vec z(T(0));
+  int64_t i = 0;
+  for (; i + Vec::size() <= n; i += Vec::size()) z.store(dst + i);
+  for (; i < n; ++i) dst[i] = T(0);
+}
+
 template <typename scalar_t, typename acc_t = acc_type<scalar_t>>
 inline void widen(const scalar_t* src, acc_t* dst, int64_t n) {
   if constexpr (!is_half<scalar_t>) {
-    std::copy(src, src + n, dst);
+    // Short runs are the common case (one input row per segment): inline vector moves, no memmove.
+    using Vec = Vectorized<acc_t>;
+    int64_t i = 0;
+    for (; i + Vec::size() <= n; i += Vec::size()) Vec::loadu(src + i).store(dst + i);
+    for (; i < n; ++i) dst[i] = src[i];
   } else {
     constexpr int64_t step = Vectorized<scalar_t>::size(), half = Vectorized<float>::size();
     for (int64_t i = 0; i < n; i += step) {
@@ -414,10 +431,14 @@ void multiply(int64_t rows, const acc_t* w, int64_t ldw, const acc_t* col, int64
     for (; c + kChannelBlock <= rows; c += kChannelBlock) {
       multiply_block<acc_t, kChannelBlock, kVectorBlock>(w + c * ldw, ldw, col + p, ldc, taps, outer + c * ldo + p, ldo);
     }
+    const acc_t* wc = w + c * ldw;
+    acc_t* oc = outer + c * ldo + p;
     switch (rows - c) {
-      case 3: multiply_block<acc_t, 3, kVectorBlock>(w + c * ldw, ldw, col + p, ldc, taps, outer + c * ldo + p, ldo); break;
-      case 2: multiply_block<acc_t, 2, kVectorBlock>(w + c * ldw, ldw, col + p, ldc, taps, outer + c * ldo + p, ldo); break;
-      case 1: multiply_block<acc_t, 1, kVectorBlock>(w + c * ldw, ldw, col + p, ldc, taps, outer + c * ldo + p, ldo); break;
+      case 5: multiply_block<acc_t, 5, kVectorBlock>(wc, ldw, col + p, ldc, taps, oc, ldo); break;
+      case 4: multiply_block<acc_t, 4, kVectorBlock>(wc, ldw, col + p, ldc, taps, oc, ldo); break;
+      case 3: multiply_block<acc_t, 3, kVectorBlock>(wc, ldw, col + p, ldc, taps, oc, ldo); break;
+      case 2: multiply_block<acc_t, 2, kVectorBlock>(wc, ldw, col + p, ldc, taps, oc, ldo); break;
+      case 1: multiply_block<acc_t, 1, kVectorBlock>(wc, ldw, col + p, ldc, taps, oc, ldo); break;
       default: break;
     }
   }
@@ -437,20 +458,20 @@ void gather(const scalar_t* plane, int64_t W, int64_t in_step_h, int64_t in_step
   for (const Segment& seg : segments) {
     acc_t* d = dst + seg.offset - seg.jw0;  // d[jw] is the slot of grid column jw (jw >= jw0)
     if (seg.jh < a.lo || seg.jh >= a.hi) {
-      std::fill(d + seg.jw0, d + seg.jw1, acc_t(0));
+      zero(d + seg.jw0, seg.jw1 - seg.jw0);
       continue;
     }
     const scalar_t* row = plane + (in_step_h * seg.jh + a.offset) * W + b.offset;
     const int64_t lo = std::clamp(b.lo, seg.jw0, seg.jw1), hi = std::clamp(b.hi, lo, seg.jw1);
-    std::fill(d + seg.jw0, d + lo, acc_t(0));
+    zero(d + seg.jw0, lo - seg.jw0);
     if (in_step_w == 1) {
       widen<scalar_t>(row + lo, d + lo, hi - lo);
     } else {
       for (int64_t jw = lo; jw < hi; ++jw) d[jw] = static_cast<acc_t>(row[in_step_w * jw]);
     }
-    std::fill(d + hi, d + seg.jw1, acc_t(0));
+    zero(d + hi, seg.jw1 - hi);
   }
-  std::fill(dst + used, dst + width, acc_t(0));
+  zero(dst + used, width - used);
 }
 
 template <typename scalar_t>
@@ -484,7 +505,9 @@ void convolve(const Problem& p, const at::Tensor& x, const at::Tensor& weight, c
   }
   if (!w_rows) {
     packed.resize(weight.numel());
-    at::parallel_for(0, G * n_ph * n_pw, 1, [&](int64_t first, int64_t last) {
+    // Threads only for weights worth it: waking them costs more than packing a small kernel.
+    const int64_t per_item = std::max<int64_t>(1, group_size / (n_ph * n_pw));
+    at::parallel_for(0, G * n_ph * n_pw, std::max<int64_t>(1, (1 << 16) / per_item), [&](int64_t first, int64_t last) {
       for (int64_t item = first; item < last; ++item) {
         const int64_t g = item / (n_ph * n_pw), i = item / n_pw % n_ph, j = item % n_pw;
         const auto &th = ax_h.phases[i].taps, &tw = ax_w.phases[j].taps;
@@ -511,9 +534,22 @@ void convolve(const Problem& p, const at::Tensor& x, const at::Tensor& weight, c
     for (int64_t co = 0; co < p.Cout; ++co) bias_acc[co] = static_cast<acc_t>(b[co]);
   }
 
-  // Work items: (phase, first position, last position) over the phase's flattened grid.
+  // Positions per task: as many as keep the gathered taps and the running totals within
+  // kScratchBytes each (they stay in L2), so that tasks with few taps or channels (depthwise) are not
+  // dominated by per-task work. Any split gives the same bits; only the speed depends on it.
+  int64_t max_taps = 0;
+  for (const Phase& ph : ax_h.phases) {
+    for (const Phase& pw : ax_w.phases) {
+      max_taps = std::max<int64_t>(max_taps, Cin_g * static_cast<int64_t>(ph.taps.size() * pw.taps.size()));
+    }
+  }
+  const int64_t chunk_taps = std::clamp<int64_t>(max_taps, 1, kTapChunk);
+  const int64_t chunk_rows = std::clamp<int64_t>(Cout_g, 1, kChannelChunk);
   constexpr int64_t block_width = kVectorBlock * Vec::size();
-  constexpr int64_t positions = std::max<int64_t>(block_width, kPositionBytes / sizeof(acc_t) / block_width * block_width);
+  const int64_t fit = kScratchBytes / static_cast<int64_t>(sizeof(acc_t)) / std::max(chunk_taps, chunk_rows);
+  const int64_t positions = std::clamp<int64_t>(fit / block_width * block_width, block_width, kMaxPositions);
+
+  // Work items: (phase, first position, last position) over the phase's flattened grid.
   struct Item {
     int64_t i, j, first, last;
   };
@@ -529,15 +565,13 @@ void convolve(const Problem& p, const at::Tensor& x, const at::Tensor& weight, c
   const int64_t n_items = static_cast<int64_t>(items.size());
   const int64_t co_chunks = (Cout_g + kChannelChunk - 1) / kChannelChunk;
   const int64_t tasks = p.N * G * n_items * co_chunks;
-  const int64_t work_per_task = std::max<int64_t>(1, std::min(Cout_g, kChannelChunk) * Cin_g * p.Kh * p.Kw * positions /
-                                                          (ax_h.phases.size() * ax_w.phases.size()));
-  const int64_t grain = std::max<int64_t>(1, (1 << 16) / work_per_task);
+  const int64_t grain = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, chunk_rows * max_taps * positions));
 
   const scalar_t* x_data = x.const_data_ptr<scalar_t>();
   scalar_t* out_data = out.mutable_data_ptr<scalar_t>();
 
   at::parallel_for(0, tasks, grain, [&](int64_t first_task, int64_t last_task) {
-    std::vector<acc_t> col(kTapChunk * positions), outer(kChannelChunk * positions);
+    std::vector<acc_t> col(chunk_taps * positions), outer(chunk_rows * positions);
     std::vector<Segment> segments;
     for (int64_t task = first_task; task < last_task; ++task) {
       int64_t rest = task;
