@@ -9,13 +9,21 @@ torch.ops.fuel.* are the raw kernels and always strict.
 from __future__ import annotations
 
 import contextlib
-import contextvars
+import threading
 from typing import Iterator
 
 import torch
 
 POLICIES = ("strict", "contiguize")
-_policy: contextvars.ContextVar[str] = contextvars.ContextVar("fuel_layout_policy", default="strict")
+
+
+class _Policy(threading.local):
+    # A thread-local rather than a ContextVar: torch.compile traces a thread-local attribute (and
+    # guards on it, recompiling when the policy changes) but breaks the graph on a ContextVar.
+    name = "strict"
+
+
+_policy = _Policy()
 
 
 @contextlib.contextmanager
@@ -23,15 +31,15 @@ def layout_policy(name: str) -> Iterator[None]:
     """`with fuel_torch.layout_policy("contiguize"):` lets the API repair awkward layouts."""
     if name not in POLICIES:
         raise ValueError(f"fuel_torch.layout_policy: unknown policy {name!r}; expected one of {list(POLICIES)}")
-    token = _policy.set(name)
+    previous, _policy.name = _policy.name, name
     try:
         yield
     finally:
-        _policy.reset(token)
+        _policy.name = previous
 
 
 def current_policy() -> str:
-    return _policy.get()
+    return _policy.name
 
 
 def needs_copy(t: torch.Tensor) -> bool:
@@ -40,12 +48,15 @@ def needs_copy(t: torch.Tensor) -> bool:
 
 def materialize(t: torch.Tensor) -> torch.Tensor:
     """A contiguous, zero-offset tensor with t's values (t itself when it already is one)."""
+    if torch.compiler.is_compiling():
+        # Dynamo cannot trace storage_offset(); a fresh copy is right whatever the layout.
+        return t.clone(memory_format=torch.contiguous_format)
     return t.clone(memory_format=torch.contiguous_format) if needs_copy(t) else t
 
 
 def prepare(tensors: tuple, broadcast: bool = False) -> tuple:
     """Apply the current policy to a call's tensor operands (None entries stay None)."""
-    if _policy.get() == "strict":
+    if _policy.name == "strict":
         return tensors
     present = [t for t in tensors if t is not None]
     if broadcast and len({t.dtype for t in present}) == 1:

@@ -304,3 +304,17 @@ def test_export_save_load_in_a_fresh_process(tmp_path, name):
                     str(tmp_path / "outputs.pt")], check=True, timeout=120, cwd=tmp_path)
     for x, loaded in zip(inputs, torch.load(tmp_path / "outputs.pt"), strict=True):
         assert torch.equal(loaded, model(x))
+
+
+def test_python_api_compiles_without_graph_breaks_and_follows_the_policy():
+    def fn(a, b):
+        return fuel_torch.mul(fuel_torch.add(a, b), b)
+
+    a, b = torch.randn(4, 6), torch.randn(6)
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    with pytest.raises(Exception, match="same_as"):
+        compiled(a, b)  # strict: no broadcasting
+    with fuel_torch.layout_policy("contiguize"):
+        assert torch.equal(compiled(a, b), (a + b) * b)
+        assert torch.equal(compiled(a.t().contiguous().t(), b), (a + b) * b)
