@@ -419,6 +419,27 @@ def test_no_input_channels_give_the_bias(op):
     assert reference.bit_equal(ours, b.reshape(1, 3, 1, 1).expand(2, 3, size, size).contiguous())
 
 
+@pytest.mark.parametrize("op", OPS)
+def test_no_output_channels(op):
+    x = torch.randn(2, 4, 6, 5)
+    w = torch.empty(0, 4, 3, 3) if op == "conv2d" else torch.empty(4, 0, 3, 3)
+    expected = (2, 0, 4, 3) if op == "conv2d" else (2, 0, 8, 7)
+    assert API[op](x, w, torch.empty(0)).shape == expected
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_empty_input_rows_read_only_padding(op):
+    """H = 0: every tap falls outside the input, so every output is the bias (torch refuses the call;
+    the formulas still give these shapes)."""
+    x = torch.randn(1, 2, 0, 5)
+    if op == "conv2d":
+        w, geometry, shape = torch.randn(3, 2, 1, 1), {"padding": 1}, (1, 3, 2, 7)
+    else:
+        w, geometry, shape = torch.randn(2, 3, 4, 1), {"dilation": 2}, (1, 3, 6, 5)
+    b = torch.tensor([0.5, -1.0, 2.0])
+    assert reference.bit_equal(API[op](x, w, b, **geometry), b.reshape(1, 3, 1, 1).expand(shape).contiguous())
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("op", OPS)
 def test_out_overload_overwrites_every_element(op, dtype):
