@@ -12,11 +12,12 @@
 //
 // Accumulation is in acc_t (float for f32/bf16/f16, double for f64): bf16/f16 widen on load and
 // narrow once on store, bias included in the accumulator. Every output's sum runs in one fixed
-// order: blocks of kBlock taps summed from zero with fused multiply-adds, kTapChunk / kBlock such
-// blocks summed from zero, and these chunk sums added in turn to the running total that starts at
-// the bias. That order depends on the geometry only, never on the thread count or on how the work
-// is split, so results are bit-identical for every torch.set_num_threads. The three-level sum
-// keeps long reductions about as accurate as a blocked GEMM (measured against torch's own error).
+// order, in three levels: blocks of kBlock taps, each a chain of fused multiply-adds (the first
+// block's chain starts at the bias, the others at zero); the blocks of each chunk of kTapChunk taps
+// summed from zero; the chunk sums added in turn to the running total. That order depends on the
+// geometry only, never on the thread count or on how the work is split, so results are
+// bit-identical for every torch.set_num_threads. Short sums round once per tap, like a plain fused
+// chain; long ones stay more accurate than torch's own (measured against a float64 reference).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
@@ -251,7 +252,7 @@ void check_allocation(const Checker& c, const Problem& p, c10::ScalarType dtype)
 // ---------------------------------------------------------------------------------------------
 // The chassis.
 
-constexpr int64_t kBlock = 32;           // taps summed from zero before joining the running total
+constexpr int64_t kBlock = 16;           // taps per fused multiply-add chain
 constexpr int64_t kTapChunk = 256;       // taps gathered at once (a multiple of kBlock)
 constexpr int64_t kChannelChunk = 256;   // output channels per task
 constexpr int64_t kScratchBytes = 131072; // per thread, for the gathered taps and for the running totals
@@ -373,12 +374,14 @@ inline void narrow(const acc_t* src, scalar_t* dst, int64_t n) {
 
 // outer[c][0..VB vectors) += sum over taps [0, taps) of w[c][t] * col[t][0..VB vectors), for CB
 // channels. The taps (one chunk, at most kTapChunk, starting at a multiple of it) are summed in
-// three levels: blocks of kBlock taps from zero, the chunk's blocks from zero, then the chunk into
-// the running total. Block and chunk boundaries sit at fixed multiples from the first tap, so the
-// order of every sum is fixed by the geometry; CB and VB only choose how many sums run side by side.
+// three levels: blocks of kBlock taps as fused chains, the chunk's blocks from zero, then the chunk
+// into the running total; in the first chunk the first chain starts at the running total (the
+// bias) and the chunk sum replaces it. Block and chunk boundaries sit at fixed multiples from the
+// first tap, so the order of every sum is fixed by the geometry; CB and VB only choose how many
+// sums run side by side.
 template <typename acc_t, int CB, int VB>
 inline void multiply_block(const acc_t* w, int64_t ldw, const acc_t* col, int64_t ldc, int64_t taps, acc_t* outer,
-                           int64_t ldo) {
+                           int64_t ldo, bool first_chunk) {
   using Vec = Vectorized<acc_t>;
   constexpr int64_t V = Vec::size();
   Vec chunk[CB][VB];
@@ -387,9 +390,12 @@ inline void multiply_block(const acc_t* w, int64_t ldw, const acc_t* col, int64_
   }
   for (int64_t t0 = 0; t0 < taps; t0 += kBlock) {
     const int64_t t1 = std::min(taps, t0 + kBlock);
+    // The very first block's chain starts at the running total (the bias), so that a short sum is
+    // one fused chain from the bias, rounded once per tap.
+    const bool from_bias = first_chunk && t0 == 0;
     Vec acc[CB][VB];
     for (int c = 0; c < CB; ++c) {
-      for (int v = 0; v < VB; ++v) acc[c][v] = Vec(acc_t(0));
+      for (int v = 0; v < VB; ++v) acc[c][v] = from_bias ? Vec::loadu(outer + c * ldo + v * V) : Vec(acc_t(0));
     }
     for (int64_t t = t0; t < t1; ++t) {
       Vec xv[VB];
@@ -406,7 +412,7 @@ inline void multiply_block(const acc_t* w, int64_t ldw, const acc_t* col, int64_
   for (int c = 0; c < CB; ++c) {
     for (int v = 0; v < VB; ++v) {
       acc_t* o = outer + c * ldo + v * V;
-      (Vec::loadu(o) + chunk[c][v]).store(o);
+      (first_chunk ? chunk[c][v] : Vec::loadu(o) + chunk[c][v]).store(o);
     }
   }
 }
@@ -416,29 +422,29 @@ inline void multiply_block(const acc_t* w, int64_t ldw, const acc_t* col, int64_
 // kVectorBlock vectors.
 template <typename acc_t>
 void multiply(int64_t rows, const acc_t* w, int64_t ldw, const acc_t* col, int64_t ldc, int64_t taps,
-              acc_t* outer, int64_t ldo, int64_t width) {
+              acc_t* outer, int64_t ldo, int64_t width, bool first_chunk) {
   constexpr int64_t V = Vectorized<acc_t>::size(), step = kVectorBlock * V;
   int64_t p = 0;
   // Few channels (depthwise and the like): wider position blocks keep enough independent sums in
   // flight to hide the fused multiply-add latency.
   if (rows == 1) {
-    for (; p + 6 * V <= width; p += 6 * V) multiply_block<acc_t, 1, 6>(w, ldw, col + p, ldc, taps, outer + p, ldo);
+    for (; p + 6 * V <= width; p += 6 * V) multiply_block<acc_t, 1, 6>(w, ldw, col + p, ldc, taps, outer + p, ldo, first_chunk);
   } else if (rows == 2) {
-    for (; p + 4 * V <= width; p += 4 * V) multiply_block<acc_t, 2, 4>(w, ldw, col + p, ldc, taps, outer + p, ldo);
+    for (; p + 4 * V <= width; p += 4 * V) multiply_block<acc_t, 2, 4>(w, ldw, col + p, ldc, taps, outer + p, ldo, first_chunk);
   }
   for (; p < width; p += step) {
     int64_t c = 0;
     for (; c + kChannelBlock <= rows; c += kChannelBlock) {
-      multiply_block<acc_t, kChannelBlock, kVectorBlock>(w + c * ldw, ldw, col + p, ldc, taps, outer + c * ldo + p, ldo);
+      multiply_block<acc_t, kChannelBlock, kVectorBlock>(w + c * ldw, ldw, col + p, ldc, taps, outer + c * ldo + p, ldo, first_chunk);
     }
     const acc_t* wc = w + c * ldw;
     acc_t* oc = outer + c * ldo + p;
     switch (rows - c) {
-      case 5: multiply_block<acc_t, 5, kVectorBlock>(wc, ldw, col + p, ldc, taps, oc, ldo); break;
-      case 4: multiply_block<acc_t, 4, kVectorBlock>(wc, ldw, col + p, ldc, taps, oc, ldo); break;
-      case 3: multiply_block<acc_t, 3, kVectorBlock>(wc, ldw, col + p, ldc, taps, oc, ldo); break;
-      case 2: multiply_block<acc_t, 2, kVectorBlock>(wc, ldw, col + p, ldc, taps, oc, ldo); break;
-      case 1: multiply_block<acc_t, 1, kVectorBlock>(wc, ldw, col + p, ldc, taps, oc, ldo); break;
+      case 5: multiply_block<acc_t, 5, kVectorBlock>(wc, ldw, col + p, ldc, taps, oc, ldo, first_chunk); break;
+      case 4: multiply_block<acc_t, 4, kVectorBlock>(wc, ldw, col + p, ldc, taps, oc, ldo, first_chunk); break;
+      case 3: multiply_block<acc_t, 3, kVectorBlock>(wc, ldw, col + p, ldc, taps, oc, ldo, first_chunk); break;
+      case 2: multiply_block<acc_t, 2, kVectorBlock>(wc, ldw, col + p, ldc, taps, oc, ldo, first_chunk); break;
+      case 1: multiply_block<acc_t, 1, kVectorBlock>(wc, ldw, col + p, ldc, taps, oc, ldo, first_chunk); break;
       default: break;
     }
   }
@@ -608,7 +614,7 @@ void convolve(const Problem& p, const at::Tensor& x, const at::Tensor& weight, c
             if (++ia == nh) ia = 0, ++ci;
           }
         }
-        multiply<acc_t>(rows, w + t0, taps, col.data(), positions, t1 - t0, outer.data(), positions, width);
+        multiply<acc_t>(rows, w + t0, taps, col.data(), positions, t1 - t0, outer.data(), positions, width, t0 == 0);
       }
 
       // Store: grid position (jh, jw) is output (r_h + out_step_h * jh, r_w + out_step_w * jw).

@@ -4,8 +4,11 @@ Convolution results are not bit-defined (they depend on the summation order), so
 
 - float32: torch's float64 result from the same rounded operands is the reference. It is exact to
   within K * 2^-53 * S (a product of two floats of 24 bits is exact in float64; K = taps per output,
-  S = conv(|x|, |w|) + |bias|). Our largest error against it must be at most 2x torch's own largest
-  error, and every output within the contract's bound (K + 2) * 2^-24 * S.
+  S = conv(|x|, |w|) + |bias|). Every output must be within the contract's bound (K + 2) * 2^-24 * S,
+  and our error must be at most 2x torch's own: pooled over the whole grid
+  (test_float32_error_pooled_against_torch: root mean square and maximum, each output's error in units
+  of 2^-24 * S), and per case for long reductions. Per case with few outputs the largest error is a
+  matter of chance (both sides round about once per tap), so it is not compared there.
 - bfloat16 / float16: the contract's claim, convolution.half_result_check: with g = (K + 2) * 2^-24 * S,
   every output with g <= ulp(exact) / 2 is within 1 ulp of the correctly rounded value, and every
   output satisfies |out - exact| <= ulp(out) / 2 + g. torch's own half results are never compared
@@ -45,8 +48,9 @@ def operands(op, n, cin, cout, groups, kernel, spatial, bias, dtype, generator, 
     return x, w, draw(cout) if bias else None
 
 
-def check_values(op, ours, x, w, b, geometry):
-    """ours against the oracle of its dtype (module docstring)."""
+def check_values(op, ours, x, w, b, geometry, versus_torch=False):
+    """ours against the oracle of its dtype (module docstring); versus_torch: also the float32 largest
+    error at most 2x torch's, for cases with enough outputs and taps for that to be a fair contest."""
     exact, scale = convolution.float64_reference(op, x, w, b, **geometry)
     assert ours.shape == exact.shape and ours.dtype == x.dtype and ours.is_contiguous()
     if ours.numel() == 0:
@@ -54,10 +58,11 @@ def check_values(op, ours, x, w, b, geometry):
     taps = convolution.taps_per_output(op, x, w, geometry.get("groups", 1))
     reference_error = (taps + 1) * 2.0**-53 * scale
     if x.dtype == torch.float32:
-        theirs = TORCH[op](x, w, b, **geometry)
-        ours_err, theirs_err = ((t.double() - exact).abs() for t in (ours, theirs))
-        assert ours_err.max() <= 2 * theirs_err.max(), (ours_err.max().item(), theirs_err.max().item())
+        ours_err = (ours.double() - exact).abs()
         assert (ours_err <= (taps + 2) * 2.0**-24 * scale + reference_error).all()
+        if versus_torch:
+            theirs_err = (TORCH[op](x, w, b, **geometry).double() - exact).abs()
+            assert ours_err.max() <= 2 * theirs_err.max(), (ours_err.max().item(), theirs_err.max().item())
     elif x.dtype == torch.float64:
         theirs = TORCH[op](x, w, b, **geometry)
         assert ((ours - theirs).abs() <= 2 * (taps + 2) * 2.0**-53 * scale).all()
@@ -169,6 +174,29 @@ def test_parity_grid(number):
             API[op](x, w, b, **geometry)
         return
     check_values(op, API[op](x, w, b, **geometry), x, w, b, geometry)
+
+
+def test_float32_error_pooled_against_torch():
+    """Every grid geometry, in float32: each output's error against the float64 reference in units of
+    2^-24 * (conv(|x|, |w|) + |bias|), pooled over the grid, for ours and for torch. Ours must be at
+    most 2x torch's in root mean square and in maximum."""
+    ours_all, theirs_all = [], []
+    for number, case in enumerate(GRID):
+        if not torch_accepts(case):
+            continue
+        op, (cin, cout, groups) = case["op"], case["channels"]
+        x, w, b = operands(op, case["batch"], cin, cout, groups, case["kernel"], case["spatial"], case["bias"],
+                           torch.float32, torch.Generator().manual_seed(1000 + number))
+        geometry = geometry_of(case)
+        exact, scale = convolution.float64_reference(op, x, w, b, **geometry)
+        unit = 2.0**-24 * scale.clamp_min(1e-300)
+        ours_all.append(((API[op](x, w, b, **geometry).double() - exact).abs() / unit).flatten())
+        theirs_all.append(((TORCH[op](x, w, b, **geometry).double() - exact).abs() / unit).flatten())
+    ours, theirs = torch.cat(ours_all), torch.cat(theirs_all)
+    assert ours.numel() > 100_000
+    rms = ours.pow(2).mean().sqrt().item(), theirs.pow(2).mean().sqrt().item()
+    worst = ours.max().item(), theirs.max().item()
+    assert rms[0] <= 2 * rms[1] and worst[0] <= 2 * worst[1], f"rms {rms}, max {worst} (ours, torch)"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -297,7 +325,7 @@ def test_float32_long_reductions_beat_twice_torchs_error(op):
             x, w, b = operands(op, x_shape[0], x_shape[1], cout, 1, kernel, x_shape[2:], True, torch.float32,
                                generator)
             x, w = x + shift, w + shift / 10
-            check_values(op, API[op](x, w, b, **geometry), x, w, b, geometry)
+            check_values(op, API[op](x, w, b, **geometry), x, w, b, geometry, versus_torch=True)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -389,6 +417,27 @@ def test_no_input_channels_give_the_bias(op):
     ours = API[op](x, w, b)
     size = 3 if op == "conv2d" else 7
     assert reference.bit_equal(ours, b.reshape(1, 3, 1, 1).expand(2, 3, size, size).contiguous())
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_no_output_channels(op):
+    x = torch.randn(2, 4, 6, 5)
+    w = torch.empty(0, 4, 3, 3) if op == "conv2d" else torch.empty(4, 0, 3, 3)
+    expected = (2, 0, 4, 3) if op == "conv2d" else (2, 0, 8, 7)
+    assert API[op](x, w, torch.empty(0)).shape == expected
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_empty_input_rows_read_only_padding(op):
+    """H = 0: every tap falls outside the input, so every output is the bias (torch refuses the call;
+    the formulas still give these shapes)."""
+    x = torch.randn(1, 2, 0, 5)
+    if op == "conv2d":
+        w, geometry, shape = torch.randn(3, 2, 1, 1), {"padding": 1}, (1, 3, 2, 7)
+    else:
+        w, geometry, shape = torch.randn(2, 3, 4, 1), {"dilation": 2}, (1, 3, 6, 5)
+    b = torch.tensor([0.5, -1.0, 2.0])
+    assert reference.bit_equal(API[op](x, w, b, **geometry), b.reshape(1, 3, 1, 1).expand(shape).contiguous())
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
