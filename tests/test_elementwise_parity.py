@@ -10,7 +10,9 @@ Which oracle, per op:
 - rem: an exact fmod-based reference everywhere, and torch bit for bit wherever |lhs/rhs| does not
   overflow the computing type (torch's vector path returns NaN there, a known torch bug).
 - pow: C99 special cases and <= 1 ulp from the correctly rounded power (float64 reference for f32 and
-  halves, long double for f64); torch is held to the same bound alongside.
+  halves, long double for f64). Never torch: its answer depends on the code path (bf16 pow(NaN, 0) is
+  NaN in its scalar tail and 1 in its vector body, so it changes with the position and the CPU's
+  vector width).
 """
 from __future__ import annotations
 
@@ -52,6 +54,16 @@ def overflowing_quotient(lhs, rhs):
     return too_big & torch.isfinite(lhs) & torch.isfinite(rhs)
 
 
+def assert_pow_defined(ours, lhs, rhs):
+    reference = pow_reference(lhs, rhs)
+    assert_same_nan(ours, reference)
+    distance = ulp_distance(ours, reference)
+    assert max_ulp(distance) <= 1, f"pow is {max_ulp(distance)} ulp from correctly rounded"
+    # Exact where C99 fixes the result: zeros, infinities, ones.
+    fixed = ~torch.isfinite(reference) | (reference == 0) | (reference.abs() == 1)
+    assert_bits_where(ours, reference, fixed & ~torch.isnan(ours), "the C99 special case")
+
+
 def check_against_oracle(op, lhs, rhs):
     ours = fuel(op, lhs, rhs)
     assert ours.dtype == lhs.dtype and ours.shape == lhs.shape and ours.is_contiguous()
@@ -71,15 +83,7 @@ def check_against_oracle(op, lhs, rhs):
         assert_same_nan(ours[torch_defined], theirs[torch_defined])
         assert_bits_where(ours, theirs, not_nan & torch_defined, "torch.remainder")
     elif op == "pow":
-        reference = pow_reference(lhs, rhs)
-        assert_same_nan(ours, reference)
-        assert_same_nan(ours, theirs)
-        distance = ulp_distance(ours, reference)
-        assert max_ulp(distance) <= 1, f"pow is {max_ulp(distance)} ulp from correctly rounded"
-        # Exact where C99 fixes the result: zeros, infinities, ones.
-        fixed = ~torch.isfinite(reference) | (reference == 0) | (reference.abs() == 1)
-        assert_bits_where(ours, reference, fixed & not_nan, "the C99 special case")
-        assert max_ulp(ulp_distance(theirs, reference)) <= 1, "torch itself breaks 1 ulp"
+        assert_pow_defined(ours, lhs, rhs)
     return ours
 
 
@@ -198,9 +202,10 @@ def test_ranks_zero_to_six_and_empty_tensors(op, shape):
     lhs, rhs = torch.rand(shape, generator=g) + 0.5, torch.rand(shape, generator=g) + 0.5
     ours = fuel(op, lhs, rhs)
     assert ours.shape == lhs.shape and ours.is_contiguous()
-    assert bit_equal(ours, TORCH_EQUIVALENT[op](lhs, rhs)) or op == "pow"
     if op == "pow":
-        assert max_ulp(ulp_distance(ours, TORCH_EQUIVALENT[op](lhs, rhs))) <= 2
+        assert_pow_defined(ours, lhs, rhs)
+    else:
+        assert bit_equal(ours, TORCH_EQUIVALENT[op](lhs, rhs))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
