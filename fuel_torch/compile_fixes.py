@@ -44,4 +44,4 @@ def install() -> bool:
     return True
 
 
-INSTALLED = install()
+install()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from fuel_torch.judge.expr import Dims, Expr, ExprError, evaluate
+from fuel_torch.expr import Dims, Expr, ExprError, evaluate
 
 NAMES = {
     "lhs": Dims((4, 5)),
@@ -113,11 +113,11 @@ def test_every_installed_cost_formula_parses_and_evaluates():
     import torch
 
     import fuel_torch
-    from fuel_torch.cost import bind, formula_names, formula_values
-    from fuel_torch.judge import families
+    from fuel_torch.costmodel import bind, formula_names, formula_values
+    from fuel_torch import families
 
     for contract in fuel_torch.installed().registrable:
-        call = families.of(contract.op).base_call(contract)
+        call = families.probes(contract.op).base_call(contract)
         out = getattr(torch.ops.fuel, contract.op)(*call.tensors.values(), **call.params)
         bound = bind(contract.op, tuple(call.tensors.values()), dict(call.params))
         values = formula_values(contract, formula_names(contract.op, bound, out.shape, contract.dtype))

@@ -15,12 +15,13 @@ import torch
 
 import fuel_torch
 from fuel_torch.contracts import Contract, ContractSet, installed
-from fuel_torch.cost import CALIBRATION_FORMAT
+from fuel_torch import families
+from fuel_torch.costmodel import CALIBRATION_FORMAT, machine_key
+from fuel_torch.timing import cpu_model
 
-from . import conformance, determinism, families, precision, timing
+from . import conformance, determinism, precision, timing
 
 CHECKS = ("conformance", "precision", "determinism", "cost")
-LEVELS = ("quick", "default", "full")
 
 
 def select(contracts: ContractSet, patterns: Iterable[str] | None) -> list[Contract]:
@@ -36,19 +37,20 @@ def select(contracts: ContractSet, patterns: Iterable[str] | None) -> list[Contr
     return chosen
 
 
-def audit_kernel(contract: Contract, level: str, checks: Iterable[str], max_threads: int | None = None) -> dict:
+def audit_kernel(contract: Contract, level: str, checks: Iterable[str], max_threads: int | None = None,
+                 roofs: timing.Roofs | None = None) -> dict:
     entry = {"kernel": contract.kernel, "op": f"fuel::{contract.op}", "dtype": str(contract.dtype).replace("torch.", ""),
              "contract_file": contract.source}
     missing = families.missing_kernel(contract.op)
     if missing:  # e.g. a convolution contract audited against a build without the conv kernels
         entry.update(skipped=f"skipped: {missing}", verdict="skipped", failed_claims=[])
         return entry
-    family = families.of(contract.op)
+    family = families.probes(contract.op)
     runners: dict[str, Callable[[], dict]] = {
         "conformance": lambda: conformance.audit(contract, family),
         "precision": lambda: precision.audit(contract, family, level),
         "determinism": lambda: determinism.audit(contract, family, level, max_threads),
-        "cost": lambda: timing.audit(contract, family, level),
+        "cost": lambda: timing.audit(contract, family, level, roofs),
     }
     failed: list[str] = []
     for check in CHECKS:
@@ -68,21 +70,10 @@ def audit_kernel(contract: Contract, level: str, checks: Iterable[str], max_thre
     return entry
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def machine_facts() -> dict:
-    facts = {"cpu": _cpu_model(), "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-             "cpu_capability": torch.backends.cpu.get_cpu_capability(), "platform": platform.platform(),
-             "python": sys.version.split()[0], "hostname": platform.node()}
+    facts = {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+             "cpu_capability": torch.backends.cpu.get_cpu_capability(), "calibration_key": machine_key(),
+             "platform": platform.platform(), "python": sys.version.split()[0], "hostname": platform.node()}
     facts["id"] = hashlib.sha256(f"{facts['hostname']}|{facts['cpu']}|{facts['cpu_count']}".encode()).hexdigest()[:16]
     return facts
 
@@ -99,8 +90,8 @@ def calibration_of(report: dict) -> dict:
                                     "per_second": cost["ours"]["per_second"], "unit": cost["unit"],
                                     "rate": cost["ours"]["rate"]}
     machine = report["machine"]
-    return {"format": CALIBRATION_FORMAT, "created": report["created"], "torch": report["torch"],
-            "machine_id": machine["id"], "machine": {k: machine[k] for k in ("cpu", "cpu_count", "torch_threads")},
+    return {"format": CALIBRATION_FORMAT, "key": machine["calibration_key"], "created": report["created"],
+            "torch": report["torch"], "machine_id": machine["id"], "machine": {k: machine[k] for k in ("cpu", "cpu_count", "torch_threads")},
             "level": report["level"], "contiguize": machine.get("measured", {}).get("contiguize"), "kernels": kernels}
 
 
@@ -131,12 +122,13 @@ def run(contracts: ContractSet, patterns: Iterable[str] | None = None, level: st
         "contracts_are_installed": os.path.realpath(contracts.directory) == os.path.realpath(installed().directory),
         "torch": torch.__version__, "fuel_torch": _version(), "machine": machine_facts(), "kernels": []}
     start, load_start = time.perf_counter(), _load()
-    if "cost" in checks:
-        progress("measuring the machine (memory bandwidth, matmul peak, contiguize copy) ...")
-        report["machine"]["measured"] = timing.machine(level)
+    roofs = timing.Roofs(level) if "cost" in checks else None
+    if roofs is not None:
+        progress("measuring the machine (DRAM bandwidth, matmul peaks, contiguize copy) ...")
+        report["machine"]["measured"] = timing.machine(level, roofs)
     for number, contract in enumerate(chosen, start=1):
         began = time.perf_counter()
-        entry = audit_kernel(contract, level, checks, max_threads)
+        entry = audit_kernel(contract, level, checks, max_threads, roofs)
         entry["seconds"] = round(time.perf_counter() - began, 3)
         if (block := cost_block(entry, report)) is not None:
             entry["cost_block"] = block
@@ -145,6 +137,8 @@ def run(contracts: ContractSet, patterns: Iterable[str] | None = None, level: st
         progress(f"[{number:>2}/{len(chosen)}] {contract.kernel:<22} {entry['verdict'].upper():<4} "
                  f"{verdicts or entry.get('skipped', '')} ({entry['seconds']:.1f}s)")
     report["machine"]["load_average"] = [round(load_start, 2), round(_load(), 2)]
+    if roofs is not None:  # the roofs the kernels' points were judged against, measured as they asked
+        report["machine"]["measured"]["roofs"] = roofs.as_dict()
     audited = {(c.op, c.dtype) for c in contracts.registrable}
     report["uncovered"] = sorted(f"{c.kernel} (fuel::{c.op} {c.dtype})" for c in installed().registrable
                                  if (c.op, c.dtype) not in audited)

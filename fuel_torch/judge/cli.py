@@ -12,7 +12,7 @@ from pathlib import Path
 
 import fuel_torch
 from fuel_torch.contracts import ContractFormatError, load_contracts
-from fuel_torch.cost import calibration_path, save_calibration
+from fuel_torch.costmodel import calibration_path, save_calibration
 
 from . import audit, report
 
@@ -40,8 +40,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, metavar="N", help="highest thread count for the determinism check "
                    "(default: os.cpu_count())")
     p.add_argument("--no-save-calibration", action="store_true",
-                   help="do not store the measured cost model for fuel_torch.cost "
-                        "($FUEL_TORCH_CALIBRATION, else ~/.cache/fuel_torch/calibration.json)")
+                   help="do not store the measured cost model for fuel_torch.cost (one entry per CPU model and "
+                        "capability in $FUEL_TORCH_CALIBRATION, else ~/.cache/fuel_torch/calibration.json)")
     p.set_defaults(level="default")
     return p
 

@@ -16,9 +16,10 @@ import torch
 import torch.nn.functional as F
 
 from fuel_torch.contracts import Contract, InputClause
+from fuel_torch.costmodel import bind, formula_names
 
 from .exact import round_to
-from .expr import Expr, ExprError
+from fuel_torch.expr import Expr, ExprError
 from .probes import Call
 
 OPS = ("conv2d", "conv_transpose2d")
@@ -123,8 +124,6 @@ def expected_shape(rule: str, call: Call):
     match = re.fullmatch(r"\s*,\s*out\.dim\[\s*2\s*\+\s*i\s*\]\s*=\s*(.+)", text[end + 1:])
     if not match:
         return None
-    from fuel_torch.cost import bind, formula_names  # noqa: PLC0415 - fuel_torch.cost imports the judge package
-
     bound = bind(call.op, tuple(call.tensors.values()), dict(call.params))
     names = formula_names(call.op, bound, (), call.tensors["x"].dtype)
     del names["out"]  # the shape being derived

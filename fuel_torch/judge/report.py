@@ -91,7 +91,12 @@ def _cost_cells(c: dict | None) -> tuple[str, str, str]:
     if "ours" not in c:
         return "FAIL " + c.get("error", "crashed")[:40], "-", "-"
     ratio = c.get("time_ratio_at_largest")
-    return _rate(c["ours"], c["unit"]), _rate(c["torch"], c["unit"]), f"{ratio:.2f}x" if ratio else "n/a"
+    ratio_text = f"{ratio:.2f}x" if ratio else "n/a"
+    if "unreliable" in c["points"][-1]:
+        ratio_text += " UNRELIABLE"
+    unreliable = len(c.get("unreliable", []))
+    fits = f" ({unreliable} pt above roof)" if unreliable else ""
+    return _rate(c["ours"], c["unit"]) + fits, _rate(c["torch"], c["unit"]), ratio_text
 
 
 HEADER = ("kernel", "conformance", "precision (measured <= claim)", "torch err", "determinism",
@@ -119,9 +124,11 @@ def table(report: dict) -> str:
     lines.append("")
     measured = machine.get("measured")
     if measured:
-        peaks = ", ".join(f"{k} {v:.1f}" for k, v in measured["peak_GFLOPs"].items())
-        lines.append(f"machine: {machine['cpu']}, {machine['torch_threads']} threads; memory bandwidth "
-                     f"{measured['memory_bandwidth_GBps']:.1f} GB/s, matmul peak GFLOP/s {peaks}")
+        lines += roof_lines(machine)
+        unreliable = [f"{e['kernel']} {reason}" for e in report["kernels"] for reason in e.get("cost", {}).get("unreliable", [])]
+        if unreliable:
+            lines.append(f"UNRELIABLE timings ({len(unreliable)}; left out of the fits, not results):")
+            lines += [f"  - {text}" for text in unreliable]
     if (warning := busy_warning(report)) is not None:
         lines.append(warning)
     lines.append("time vs torch: our median time / torch's at the largest size (below 1: faster). "
@@ -134,6 +141,34 @@ def table(report: dict) -> str:
     lines.append(f"{summary['kernels']} kernels audited from {report['contracts']} in {summary['seconds']:.0f}s "
                  f"({report['level']}); {summary['failed_kernels']} with failed claims; torch {report['torch']}")
     return "\n".join(lines)
+
+
+def _gbps(value) -> str:
+    return "n/a" if value is None else f"{value:.1f}"
+
+
+def roof_lines(machine: dict) -> list[str]:
+    """The roofs every cost figure was checked against."""
+    measured = machine["measured"]
+    roofs = measured.get("roofs", {})
+    lines = [f"machine: {machine['cpu']}, {machine['torch_threads']} threads; DRAM bandwidth "
+             f"{_gbps(measured.get('dram_bandwidth_GBps'))} GB/s (working set "
+             f"{measured.get('dram_working_set_bytes', 0) / (1 << 20):.0f} MiB)"]
+    by_size = [r for r in roofs.get("bandwidth_GBps_by_working_set", []) if r.get("GBps") is not None]
+    if by_size:
+        lines.append("bandwidth roofs by working set: " + ", ".join(
+            f"{_size(r['bytes'])} {r['GBps']:.1f}" for r in by_size) + " GB/s")
+    peaks = roofs.get("peak_GFLOPs", {})
+    if peaks:
+        lines.append("matmul peak GFLOP/s: " + ", ".join(f"{k} {v:.1f}" for k, v in peaks.items()))
+    return lines
+
+
+def _size(nbytes: float) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.3g} {unit}"
+    return f"{nbytes:.0f} B"
 
 
 def write_json(report: dict, path: Path) -> None:
@@ -149,19 +184,34 @@ def write_json(report: dict, path: Path) -> None:
     path.write_text(json.dumps(clean(report), indent=2) + "\n", encoding="utf-8")
 
 
-def _bars(ax, entries: list[dict], unit: str, roof: float, roof_label: str) -> None:
+def _bars(ax, entries: list[dict], unit: str) -> None:
+    """Achieved rate at the largest size, each pair of bars under its own roof (the roof measured at
+    that point's working set, or the dtype's peak); a bar measured above its roof is hatched."""
     names = [e["kernel"] for e in entries]
     scale = 1e9
     amount = "bytes_moved" if unit == "GB/s" else "flops"
-    ours = [e["cost"]["points"][-1][amount] / e["cost"]["points"][-1]["ours_s"] / scale for e in entries]
-    theirs = [e["cost"]["points"][-1][amount] / e["cost"]["points"][-1]["torch_s"] / scale
-              if isinstance(e["cost"]["points"][-1].get("torch_s"), float) else 0.0 for e in entries]
-    xs = range(len(names))
-    ax.bar([x - 0.2 for x in xs], ours, width=0.4, label="fuel kernel", color="tab:blue")
-    ax.bar([x + 0.2 for x in xs], [t if math.isfinite(t) else 0.0 for t in theirs], width=0.4,
-           label="torch equivalent", color="tab:orange")
-    ax.axhline(roof, color="black", linewidth=1, linestyle="--", label=roof_label)
-    ax.set_xticks(list(xs), names, rotation=90, fontsize=7)
+    largest = [e["cost"]["points"][-1] for e in entries]
+    ours = [p[amount] / p["ours_s"] / scale for p in largest]
+    theirs = [p[amount] / p["torch_s"] / scale if isinstance(p.get("torch_s"), float) and math.isfinite(p["torch_s"])
+              else 0.0 for p in largest]
+    unreliable = ["unreliable" in p for p in largest]
+    xs = list(range(len(names)))
+    hatch = ["xx" if bad else "" for bad in unreliable]
+    for x, value, bad in zip(xs, ours, hatch):
+        ax.bar(x - 0.2, value, width=0.4, color="tab:blue", hatch=bad, edgecolor="red" if bad else None)
+    for x, value, bad in zip(xs, theirs, hatch):
+        ax.bar(x + 0.2, value, width=0.4, color="tab:orange", hatch=bad, edgecolor="red" if bad else None)
+    ax.bar([], [], color="tab:blue", label="fuel kernel")
+    ax.bar([], [], color="tab:orange", label="torch equivalent")
+    if any(unreliable):
+        ax.bar([], [], color="white", hatch="xx", edgecolor="red", label="above its roof twice: unreliable")
+    roofs = [(p.get("roof") or {}).get("rate") for p in largest]
+    for x, roof in zip(xs, roofs):
+        if roof is not None:
+            ax.plot([x - 0.45, x + 0.45], [roof, roof], color="black", linewidth=1.2)
+    ax.plot([], [], color="black", linewidth=1.2,
+            label="roof at this working set" if unit == "GB/s" else "matmul peak of this dtype")
+    ax.set_xticks(xs, names, rotation=90, fontsize=7)
     ax.set_ylabel(f"achieved {unit} at the largest size")
     ax.legend(fontsize=7)
     ax.grid(True, axis="y", alpha=0.3)
@@ -170,9 +220,10 @@ def _bars(ax, entries: list[dict], unit: str, roof: float, roof_label: str) -> N
 def roofline(report: dict, path: Path) -> str | None:
     """Write roofline.png; returns None on success, else the reason (matplotlib missing, no cost data).
 
-    Panels: achieved GB/s of the bandwidth-bound kernels against the measured copy bandwidth;
-    achieved GFLOP/s of the compute-bound ones (convolution) against the matmul peak; and the
-    classic roofline (intensity vs GFLOP/s) with every kernel, ours and torch's side by side."""
+    Panels: achieved GB/s of the bandwidth-bound kernels, each against the bandwidth roof measured
+    at its own working set; achieved GFLOP/s of the compute-bound ones (convolution) against the
+    matmul peak of their dtype; and the classic roofline (intensity vs GFLOP/s) with every kernel,
+    ours and torch's side by side, under the best cache-resident and the DRAM bandwidth."""
     measured = report["machine"].get("measured")
     entries = [e for e in report["kernels"] if e.get("cost", {}).get("points") and "ours" in e["cost"]]
     if not measured or not entries:
@@ -184,16 +235,16 @@ def roofline(report: dict, path: Path) -> str | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return ROOFLINE_HINT
-    bandwidth = measured["memory_bandwidth_GBps"]
-    peak = max(measured["peak_GFLOPs"].values())
+    roofs = measured.get("roofs", {})
+    dram = measured.get("dram_bandwidth_GBps") or 1.0
+    cached = max([r["GBps"] for r in roofs.get("bandwidth_GBps_by_working_set", []) if r.get("GBps")] + [dram])
+    peak = max(roofs.get("peak_GFLOPs", {}).values() or [1.0])
     groups = [(unit, [e for e in entries if e["cost"]["unit"] == unit]) for unit in ("GB/s", "GFLOP/s")]
     groups = [(unit, members) for unit, members in groups if members]
     fig, axes = plt.subplots(1, len(groups) + 1, figsize=(7 + 6 * len(groups), 6.5),
                              gridspec_kw={"width_ratios": [max(len(m), 4) for _, m in groups] + [12]})
     for ax, (unit, members) in zip(axes, groups):
-        roof, label = (bandwidth, f"machine copy bandwidth {bandwidth:.1f} GB/s") if unit == "GB/s" else \
-            (peak, f"machine matmul peak {peak:.0f} GFLOP/s")
-        _bars(ax, members, unit, roof, label)
+        _bars(ax, members, unit)
     ax = axes[-1]
     intensities = []
     for e in entries:
@@ -203,10 +254,12 @@ def roofline(report: dict, path: Path) -> str | None:
         ax.scatter([intensity], [largest["flops"] / largest["ours_s"] / 1e9], marker="o", color="tab:blue", s=14)
         if isinstance(largest.get("torch_s"), float) and math.isfinite(largest["torch_s"]):
             ax.scatter([intensity], [largest["flops"] / largest["torch_s"] / 1e9], marker="x", color="tab:orange", s=14)
-    lo, hi = min(intensities) / 4, max(intensities + [peak / bandwidth]) * 4
+    lo, hi = min(intensities) / 4, max(intensities + [peak / dram]) * 4
     xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]
-    ax.plot(xs, [min(peak, bandwidth * x) for x in xs], color="black", linewidth=1,
-            label=f"roof: {bandwidth:.1f} GB/s, {peak:.0f} GFLOP/s")
+    ax.plot(xs, [min(peak, cached * x) for x in xs], color="black", linewidth=1,
+            label=f"roof: best in-cache {cached:.1f} GB/s, {peak:.0f} GFLOP/s")
+    ax.plot(xs, [min(peak, dram * x) for x in xs], color="black", linewidth=1, linestyle="--",
+            label=f"roof: DRAM {dram:.1f} GB/s")
     ax.scatter([], [], marker="o", color="tab:blue", label="fuel kernels")
     ax.scatter([], [], marker="x", color="tab:orange", label="torch equivalents")
     ax.set_xscale("log")

@@ -1,18 +1,22 @@
 """`fuel_torch.cost(op, *args, **kwargs)`: the predicted cost of one fuel call, without running it.
 
 The contract's formula hints (`flops`, `bytes_moved`, `memory.host_bytes`) are evaluated over the
-call's sizes with the Judge's safe evaluator. When a calibration exists (written by
+call's sizes with the safe evaluator of fuel_torch.expr. When a calibration exists (written by
 `python -m fuel_torch judge`), seconds are predicted from it: the kernel's measured launch overhead
 plus bytes (or flops) over its achieved rate, plus, under `layout_policy("contiguize")`, one copy
 per operand the policy would materialize, at the machine's measured copy rate. Without a
 calibration `seconds` is None and only the formula values are given.
 
 The calibration file is `$FUEL_TORCH_CALIBRATION` if set, else
-`$XDG_CACHE_HOME/fuel_torch/calibration.json` (default `~/.cache/fuel_torch/calibration.json`).
+`$XDG_CACHE_HOME/fuel_torch/calibration.json` (default `~/.cache/fuel_torch/calibration.json`). It
+holds one cost model per machine key (CPU model and capability level, see `machine_key`), so
+machines and venvs sharing a home directory keep their own; `cost` reads the running machine's.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -24,10 +28,11 @@ import torch
 
 from . import layout
 from .contracts import installed
-from .judge.expr import Dims, Expr
+from .expr import Dims, Expr
 
 CALIBRATION_ENV = "FUEL_TORCH_CALIBRATION"
-CALIBRATION_FORMAT = "fuel-torch-calibration/1"
+CALIBRATION_FORMAT = "fuel-torch-calibration/2"  # one machine's cost model
+CALIBRATION_FILE_FORMAT = "fuel-torch-calibrations/2"  # the file: one cost model per machine key
 
 
 def calibration_path() -> Path:
@@ -37,27 +42,86 @@ def calibration_path() -> Path:
     return Path(cache) / "fuel_torch" / "calibration.json"
 
 
-def load_calibration(path: str | Path | None = None) -> dict | None:
-    """The stored calibration (a calibration file or a judge.json), or None when there is none."""
+@functools.cache
+def machine_key() -> str:
+    """Which cost model applies here: "<CPU model>|<torch capability>", plus "|fuel <level>" where
+    the fuel kernels choose their own level at run time. Machines or venvs sharing one calibration
+    file (a shared home directory) each read and write their own entry."""
+    import fuel_torch  # noqa: PLC0415 - at call time: this module is imported while fuel_torch loads
+
+    from .timing import cpu_model  # noqa: PLC0415 - torch.utils.benchmark stays out of `import fuel_torch`
+
+    key = f"{cpu_model()}|{torch.backends.cpu.get_cpu_capability()}"
+    if hasattr(fuel_torch, "cpu_capability"):
+        key += f"|fuel {fuel_torch.cpu_capability()}"
+    return key
+
+
+_read_cache: dict[Path, tuple[tuple[int, int], dict]] = {}
+
+
+def load_calibrations(path: str | Path | None = None) -> dict[str, dict]:
+    """Every machine's cost model stored in `path` (a calibration file, or a judge.json), by key."""
     path = Path(path) if path is not None else calibration_path()
     try:
+        stat = path.stat()
+        stamp = (stat.st_mtime_ns, stat.st_size)
+        if path in _read_cache and _read_cache[path][0] == stamp:  # fuel_torch.cost runs per planned call
+            return _read_cache[path][1]
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return None
-    data = data.get("calibration", data) if isinstance(data, dict) else None
-    return data if isinstance(data, dict) and data.get("format") == CALIBRATION_FORMAT else None
+        return {}
+    if isinstance(data, dict) and data.get("format") == CALIBRATION_FILE_FORMAT:
+        entries = data.get("machines", {})
+    elif isinstance(data, dict):  # a judge.json carries one machine's entry
+        one = data.get("calibration", data)
+        entries = {one.get("key"): one} if isinstance(one, dict) else {}
+    else:
+        entries = {}
+    entries = {k: v for k, v in entries.items()
+               if isinstance(k, str) and isinstance(v, dict) and v.get("format") == CALIBRATION_FORMAT}
+    _read_cache[path] = (stamp, entries)
+    return entries
+
+
+def load_calibration(path: str | Path | None = None, key: str | None = None) -> dict | None:
+    """The stored cost model of this machine (or of `key`), or None when there is none."""
+    return load_calibrations(path).get(key or machine_key())
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """Serialize read-modify-write of the file between processes (two judges finishing at once)."""
+    try:
+        import fcntl  # noqa: PLC0415 - POSIX only
+    except ImportError:  # elsewhere the atomic rename still keeps the file whole
+        yield
+        return
+    with open(path.with_name(path.name + ".lock"), "w", encoding="utf-8") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def save_calibration(calibration: dict, path: str | Path | None = None) -> Path:
-    """Store `calibration`, keeping other kernels' entries measured on the same machine and torch."""
+    """Store one machine's cost model under its key (calibration["key"]), leaving other machines'
+    entries alone and keeping this machine's other kernels when measured with the same torch."""
     path = Path(path) if path is not None else calibration_path()
-    old = load_calibration(path)
-    if old and old.get("machine_id") == calibration.get("machine_id") and old.get("torch") == calibration.get("torch"):
-        calibration = {**calibration, "kernels": {**old.get("kernels", {}), **calibration.get("kernels", {})}}
+    key = calibration.get("key") or machine_key()
+    calibration = {**calibration, "key": key}
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp", encoding="utf-8") as f:
-        json.dump(calibration, f, indent=2)
-    os.replace(f.name, path)
+    with _locked(path):
+        _read_cache.pop(path, None)
+        entries = dict(load_calibrations(path))
+        old = entries.get(key)
+        if old and old.get("torch") == calibration.get("torch"):
+            calibration = {**calibration, "kernels": {**old.get("kernels", {}), **calibration.get("kernels", {})}}
+        entries[key] = calibration
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp", encoding="utf-8") as f:
+            json.dump({"format": CALIBRATION_FILE_FORMAT, "machines": entries}, f, indent=2)
+        os.replace(f.name, path)
     return path
 
 
@@ -164,7 +228,8 @@ def cost(op: str, *args: Any, **kwargs: Any) -> Cost:
     dtype = tensors[0].dtype
     contract = installed().get(op, dtype)
     values = formula_values(contract, formula_names(op, meta_bound, out.shape, dtype))
-    calibration = load_calibration()
+    key = machine_key()
+    calibration = load_calibration(key=key)
     entry = (calibration or {}).get("kernels", {}).get(contract.kernel)
     kernel_seconds = copy_seconds = seconds = None
     if entry:
@@ -176,8 +241,8 @@ def cost(op: str, *args: Any, **kwargs: Any) -> Cost:
         basis = (f"judge_measured calibration {calibration_path()} ({calibration.get('created', '?')}, "
                  f"{calibration.get('machine', {}).get('cpu', '?')}, torch {calibration.get('torch', '?')})")
     else:
-        basis = (f"formula hints of {contract.kernel} only: no calibration for it at {calibration_path()} "
-                 "(run `python -m fuel_torch judge`)")
+        basis = (f"formula hints of {contract.kernel} only: no calibration for it on this machine ({key}) at "
+                 f"{calibration_path()} (run `python -m fuel_torch judge`)")
     return Cost(op=op, kernel=contract.kernel, seconds=seconds, kernel_seconds=kernel_seconds, copy_seconds=copy_seconds,
                 flops=values["flops"], bytes_moved=values["bytes_moved"], host_bytes=values["host_bytes"],
                 copies=tuple(copies), basis=basis)

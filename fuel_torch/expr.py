@@ -37,10 +37,6 @@ class Dims:
     def numel(self) -> int:
         return math.prod(self.dim)
 
-    @classmethod
-    def of(cls, tensor: Any) -> "Dims":
-        return cls(tuple(int(s) for s in tensor.shape))
-
 
 _BINOPS = {
     ast.Add: lambda a, b: a + b,
