@@ -194,6 +194,9 @@ def _bars(ax, entries: list[dict], unit: str) -> None:
     ours = [p[amount] / p["ours_s"] / scale for p in largest]
     theirs = [p[amount] / p["torch_s"] / scale if isinstance(p.get("torch_s"), float) and math.isfinite(p["torch_s"])
               else 0.0 for p in largest]
+    from matplotlib.lines import Line2D  # noqa: PLC0415 - matplotlib is optional (roofline() checked it)
+    from matplotlib.patches import Patch  # noqa: PLC0415
+
     unreliable = ["unreliable" in p for p in largest]
     xs = list(range(len(names)))
     hatch = ["xx" if bad else "" for bad in unreliable]
@@ -201,19 +204,18 @@ def _bars(ax, entries: list[dict], unit: str) -> None:
         ax.bar(x - 0.2, value, width=0.4, color="tab:blue", hatch=bad, edgecolor="red" if bad else None)
     for x, value, bad in zip(xs, theirs, hatch):
         ax.bar(x + 0.2, value, width=0.4, color="tab:orange", hatch=bad, edgecolor="red" if bad else None)
-    ax.bar([], [], color="tab:blue", label="fuel kernel")
-    ax.bar([], [], color="tab:orange", label="torch equivalent")
-    if any(unreliable):
-        ax.bar([], [], color="white", hatch="xx", edgecolor="red", label="above its roof twice: unreliable")
     roofs = [(p.get("roof") or {}).get("rate") for p in largest]
     for x, roof in zip(xs, roofs):
         if roof is not None:
             ax.plot([x - 0.45, x + 0.45], [roof, roof], color="black", linewidth=1.2)
-    ax.plot([], [], color="black", linewidth=1.2,
-            label="roof at this working set" if unit == "GB/s" else "matmul peak of this dtype")
+    handles = [Patch(color="tab:blue", label="fuel kernel"), Patch(color="tab:orange", label="torch equivalent"),
+               Line2D([], [], color="black", linewidth=1.2,
+                      label="roof at this working set" if unit == "GB/s" else "matmul peak of this dtype")]
+    if any(unreliable):
+        handles.append(Patch(facecolor="white", hatch="xx", edgecolor="red", label="above its roof twice: unreliable"))
     ax.set_xticks(xs, names, rotation=90, fontsize=7)
     ax.set_ylabel(f"achieved {unit} at the largest size")
-    ax.legend(fontsize=7)
+    ax.legend(handles=handles, fontsize=7)
     ax.grid(True, axis="y", alpha=0.3)
 
 
@@ -254,6 +256,11 @@ def roofline(report: dict, path: Path) -> str | None:
         ax.scatter([intensity], [largest["flops"] / largest["ours_s"] / 1e9], marker="o", color="tab:blue", s=14)
         if isinstance(largest.get("torch_s"), float) and math.isfinite(largest["torch_s"]):
             ax.scatter([intensity], [largest["flops"] / largest["torch_s"] / 1e9], marker="x", color="tab:orange", s=14)
+        if "unreliable" in largest:  # ringed: measured above its roof twice
+            for seconds in (largest["ours_s"], largest.get("torch_s")):
+                if isinstance(seconds, float) and math.isfinite(seconds):
+                    ax.scatter([intensity], [largest["flops"] / seconds / 1e9], marker="o", s=90,
+                               facecolors="none", edgecolors="red", linewidths=1)
     lo, hi = min(intensities) / 4, max(intensities + [peak / dram]) * 4
     xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]
     ax.plot(xs, [min(peak, cached * x) for x in xs], color="black", linewidth=1,

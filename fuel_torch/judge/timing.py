@@ -130,7 +130,7 @@ class Roofs:
                 streaming = seconds - floors[name]  # the multi-thread floor: an over-estimate of the one-thread one
                 if streaming > MIN_STREAMING_SHARE * seconds:
                     candidates.append((self.threads * nbytes / streaming / 1e9,
-                                       f"{self.threads} x {name} on 1 thread over a {self.threads}th of the bytes"))
+                                       f"{self.threads} x {name} on 1 thread over 1/{self.threads} of the bytes"))
         if not candidates:
             return {"bytes": working_set, "GBps": None, "by": "overhead-bound: the streaming time does not stand "
                     "out of the per-call floor at this size, so no bandwidth roof bounds it"}
