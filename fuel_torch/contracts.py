@@ -16,6 +16,8 @@ from typing import Any, Mapping
 import torch
 import yaml
 
+from .judge.expr import Expr, ExprError
+
 FKC_DTYPES: Mapping[str, torch.dtype] = {
     "F32": torch.float32,
     "F64": torch.float64,
@@ -26,12 +28,63 @@ FKC_NAME = {dtype: name for name, dtype in FKC_DTYPES.items()}
 LAYOUT_FLAGS = ("contiguous", "strided", "broadcast_stride0", "start_offset", "reverse_strides")
 LAYOUT_VALUES = ("required", "rejected", "accepted")
 
+# A contract is a few kilobytes of text; anything far larger is a mistake or an attack on the parser.
+MAX_FILE_BYTES = 1 << 20
+
+# Every key a contract may use, per mapping. A key not listed is a typo or a clause this package
+# does not enforce, and silently ignoring a clause would let a contract promise what nobody checks.
+KNOWN_KEYS: Mapping[str, frozenset[str]] = {
+    "front matter": frozenset({"fkc_version", "provider"}),
+    "provider": frozenset({"name", "backend", "kernel_source", "link_registry", "revision_base"}),
+    "kernel": frozenset({"kernel", "op_kind", "registrable", "blurb", "backend", "kernel_source", "entry_point",
+                         "kernel_revision_hash", "accept", "return", "caps", "cost", "precision", "determinism"}),
+    "accept": frozenset({"inputs", "op_params"}),
+    "input": frozenset({"name", "dtypes", "layout", "rank", "shape_constraint", "optional"}),
+    "return": frozenset({"outputs"}),
+    "output": frozenset({"name", "dtype_rule", "shape_rule", "layout_guarantee", "aliasing", "allocation"}),
+    "caps": frozenset({"awkward_layout_strategy", "fast_paths", "in_place", "alignment_bytes",
+                       "access_granularity_bits"}),
+    # calibration: the block the Judge's cost_block() folds its measurement into.
+    "cost": frozenset({"provenance", "class", "flops", "bytes_moved", "memory", "calibration"}),
+    "cost.memory": frozenset({"device_bytes", "host_bytes", "scratch_bytes_per_thread", "disk_bytes"}),
+    "precision": frozenset({"bit_stable_on_same_hardware", "max_ulp", "max_relative", "max_absolute", "audited",
+                            "notes"}),
+}
+# The cost formulas, evaluated later by fuel_torch.cost and the Judge: checked at load so that a
+# formula that is not plain arithmetic never gets that far.
+FORMULA_FIELDS = (("cost", "flops"), ("cost", "bytes_moved"), ("cost.memory", "device_bytes"),
+                  ("cost.memory", "host_bytes"), ("cost.memory", "scratch_bytes_per_thread"),
+                  ("cost.memory", "disk_bytes"))
+
 _FRONT_MATTER = re.compile(r"\A---\n(.*?)\n---\n", re.S)
 _FKC_BLOCK = re.compile(r"^```fkc\n(.*?)^```", re.S | re.M)
 
 
 class ContractFormatError(ValueError):
     """A contract file that does not follow the FKC schema; the message names file, kernel, field."""
+
+
+class _SafeNoAliasLoader(yaml.SafeLoader):
+    """yaml.SafeLoader (plain data only, no Python objects) that also refuses aliases.
+
+    A contract never needs `*alias`, and aliases are what a YAML bomb is made of ("billion laughs":
+    a few lines of nested aliases that expand to billions of nodes when walked)."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(None, None, f"found alias *{event.anchor}: aliases are not allowed in "
+                                              "a contract (write the value out)", event.start_mark)
+        return super().compose_node(parent, index)
+
+
+def _load_yaml(text: str, where: str) -> Any:
+    try:
+        return yaml.load(text, Loader=_SafeNoAliasLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as error:
+        raise ContractFormatError(f"{where}: not valid YAML: {error}") from None
+    except RecursionError:
+        raise ContractFormatError(f"{where}: not valid YAML: nested too deeply") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,8 +190,26 @@ class _Fields:
             raise self.fail(field, f"expected {names}, got {value!r}")
         return value
 
+    def known_keys(self, mapping: Any, kind: str, path: str) -> None:
+        if not isinstance(mapping, dict):
+            raise self.fail(path or kind, f"expected a mapping, got {type(mapping).__name__}")
+        for key in mapping:
+            if key not in KNOWN_KEYS[kind]:
+                field = f"{path}.{key}" if path else str(key)
+                raise self.fail(field, f"unknown key {key!r} (known here: {', '.join(sorted(KNOWN_KEYS[kind]))})")
+
+    def formula(self, mapping: dict, key: str, path: str) -> None:
+        value = self.get(mapping, key, path, (str, int, float), None)
+        if value is None:
+            return
+        try:
+            Expr(value)
+        except ExprError as error:
+            raise self.fail(f"{path}.{key}", f"not an arithmetic formula: {error}") from None
+
 
 def _parse_input(f: _Fields, raw: Any, path: str) -> InputClause:
+    f.known_keys(raw, "input", path)
     name = f.get(raw, "name", path, (str,))
     dtypes = f.get(raw, "dtypes", path, (list,))
     if not dtypes or any(d not in FKC_DTYPES for d in dtypes):
@@ -163,6 +234,9 @@ def _parse_input(f: _Fields, raw: Any, path: str) -> InputClause:
 
 
 def _parse_output(f: _Fields, raw: Any, path: str) -> OutputClause:
+    f.known_keys(raw, "output", path)
+    for key in ("allocation",):
+        f.get(raw, key, path, (str,), None)
     return OutputClause(*(f.get(raw, key, path, (str,)) for key in
                           ("name", "dtype_rule", "shape_rule", "layout_guarantee", "aliasing")))
 
@@ -171,25 +245,35 @@ def _parse_kernel(block: Any, source: str) -> Contract:
     kernel = block.get("kernel", "?") if isinstance(block, dict) else "?"
     f = _Fields(source, str(kernel))
     f.get(block, "kernel", "", (str,))
+    f.known_keys(block, "kernel", "")
     registrable = f.get(block, "registrable", "", (bool,), True)
     entry_point = f.get(block, "entry_point", "", (str,))
     if f.get(block, "backend", "", (str,)) != "Cpu":
         raise f.fail("backend", f"expected 'Cpu', got {block['backend']!r}")
     accept = f.get(block, "accept", "", (dict,))
+    f.known_keys(accept, "accept", "accept")
     inputs = tuple(_parse_input(f, raw, f"accept.inputs[{i}]")
                    for i, raw in enumerate(f.get(accept, "inputs", "accept", (list,))))
     returns = f.get(block, "return", "", (dict,))
+    f.known_keys(returns, "return", "return")
     outputs = tuple(_parse_output(f, raw, f"return.outputs[{i}]")
                     for i, raw in enumerate(f.get(returns, "outputs", "return", (list,))))
     if not inputs or not outputs:
         raise f.fail("accept.inputs" if not inputs else "return.outputs", "must not be empty")
     cost = f.get(block, "cost", "", (dict,))
+    f.known_keys(cost, "cost", "cost")
     for key in ("provenance", "class"):
         f.get(cost, key, "cost", (str,))
     for key in ("flops", "bytes_moved"):
         f.get(cost, key, "cost", (str, int, float))
-    f.get(cost, "memory", "cost", (dict,))
+    f.known_keys(f.get(cost, "memory", "cost", (dict,)), "cost.memory", "cost.memory")
+    f.get(cost, "calibration", "cost", (dict,), None)
+    for kind, key in FORMULA_FIELDS:
+        f.formula(cost if kind == "cost" else cost["memory"], key, kind)
+    caps = f.get(block, "caps", "", (dict,))
+    f.known_keys(caps, "caps", "caps")
     precision = f.get(block, "precision", "", (dict,))
+    f.known_keys(precision, "precision", "precision")
     f.get(precision, "bit_stable_on_same_hardware", "precision", (bool,))
     f.get(precision, "max_ulp", "precision", (int, type(None)))
     for key in ("max_relative", "max_absolute"):
@@ -208,7 +292,7 @@ def _parse_kernel(block: Any, source: str) -> Contract:
         inputs=inputs,
         outputs=outputs,
         op_params=f.get(accept, "op_params", "accept", (dict,)),
-        caps=f.get(block, "caps", "", (dict,)),
+        caps=caps,
         cost=cost,
         precision=precision,
         determinism=f.get(block, "determinism", "", (str,)),
@@ -219,18 +303,26 @@ def _parse_kernel(block: Any, source: str) -> Contract:
 
 def parse_fkc(text: str, source: str) -> list[Contract]:
     """Every kernel block of one FKC file, validated."""
+    if len(text) > MAX_FILE_BYTES:
+        raise ContractFormatError(f"{source}: {len(text)} characters, more than a contract file may hold "
+                                  f"({MAX_FILE_BYTES})")
     front = _FRONT_MATTER.match(text)
     if not front:
         raise ContractFormatError(f"{source}: missing the '---' YAML front matter")
-    header = yaml.safe_load(front.group(1))
+    header = _load_yaml(front.group(1), f"{source}: front matter")
     if not isinstance(header, dict) or header.get("fkc_version") != 1:
         raise ContractFormatError(f"{source}: front matter: field 'fkc_version': expected 1")
+    for key in header:
+        if key not in KNOWN_KEYS["front matter"]:
+            raise ContractFormatError(f"{source}: front matter: field {key!r}: unknown key "
+                                      f"(known here: {', '.join(sorted(KNOWN_KEYS['front matter']))})")
+    provider = header.get("provider", {})
+    if not isinstance(provider, dict) or not set(provider) <= KNOWN_KEYS["provider"]:
+        raise ContractFormatError(f"{source}: front matter: field 'provider': expected a mapping with keys among "
+                                  f"{', '.join(sorted(KNOWN_KEYS['provider']))}")
     contracts = []
     for number, match in enumerate(_FKC_BLOCK.finditer(text), start=1):
-        try:
-            block = yaml.safe_load(match.group(1))
-        except yaml.YAMLError as error:
-            raise ContractFormatError(f"{source}: fkc block {number}: not valid YAML: {error}") from None
+        block = _load_yaml(match.group(1), f"{source}: fkc block {number}")
         contracts.append(_parse_kernel(block, source))
     if not contracts:
         raise ContractFormatError(f"{source}: no ```fkc blocks")
@@ -250,7 +342,14 @@ def load_contracts(directory: str | Path | None = None) -> ContractSet:
     contracts: list[Contract] = []
     seen: dict[str, str] = {}
     for path in files:
-        for contract in parse_fkc(path.read_text(encoding="utf-8"), str(path)):
+        if path.stat().st_size > MAX_FILE_BYTES:
+            raise ContractFormatError(f"{path}: {path.stat().st_size} bytes, more than a contract file may hold "
+                                      f"({MAX_FILE_BYTES})")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as error:
+            raise ContractFormatError(f"{path}: not UTF-8 text ({error})") from None
+        for contract in parse_fkc(text, str(path)):
             if contract.kernel in seen:
                 raise ContractFormatError(f"{path}: kernel '{contract.kernel}': field 'kernel': "
                                           f"already defined in {seen[contract.kernel]}")

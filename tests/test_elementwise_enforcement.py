@@ -73,12 +73,19 @@ def test_every_path_rejects_with_the_same_message(case):
     assert message(lambda: fake(lhs, rhs, out)) == from_cpp
 
 
-def test_fake_rejections_are_contract_violations():
-    """Tracing raises fuel_torch.ContractViolation; eager kernels raise RuntimeError (its base)."""
+def test_one_except_clause_catches_a_rejection_on_every_path():
+    """Tracing raises fuel_torch.ContractViolation, the eager kernel a plain RuntimeError: a caller's
+    `except RuntimeError` handles both, and sees the same text."""
     lhs, rhs, _ = bad_calls()["mixed_dtypes"]
-    with pytest.raises(fuel_torch.ContractViolation):
-        fake(lhs, rhs, None)
-    assert issubclass(fuel_torch.ContractViolation, RuntimeError)
+    caught = {}
+    for name, path in (("eager", eager), ("api", api), ("fake", fake)):
+        try:
+            path(lhs, rhs, None)
+        except RuntimeError as error:
+            caught[name] = error
+    assert set(caught) == {"eager", "api", "fake"}
+    assert type(caught["fake"]) is fuel_torch.ContractViolation
+    assert len({str(error) for error in caught.values()}) == 1
 
 
 @pytest.mark.parametrize("op", ["add", "sub", "mul", "div", "maximum", "minimum", "pow", "rem"])
