@@ -21,7 +21,6 @@ import sys
 from typing import Any
 
 import torch
-from torch.fx.experimental.symbolic_shapes import guard_bool, statically_known_true
 
 from ..cost import CALIBRATION_ENV, calibration_path
 from . import rewrite, support
@@ -84,10 +83,8 @@ def _calls(m: support.Match, scale: int) -> tuple[list[Call], list[tuple[int, to
         if p["transposed"]:
             calls.append(Call("conv2d", m.dtype, {"x": grad, "weight": weight, "bias": None}, geometry))
         else:
-            output_padding = [x[2 + d] - rewrite._transposed_size(grad[2 + d], weight[2 + d], p["stride"][d],
-                                                                  p["padding"][d], p["dilation"][d]) for d in range(2)]
             calls.append(Call("conv_transpose2d", m.dtype, {"x": grad, "weight": weight, "bias": None},
-                              {**geometry, "output_padding": output_padding}))
+                              {**geometry, "output_padding": p["grad_output_padding"]}))
     if p["mask"][1]:
         n, c_in, h, w = image
         groups = p["groups"]
@@ -110,13 +107,15 @@ def _numel(m: support.Match) -> Any:
 def decide(m: support.Match, first: Prediction, calibration: Calibration | None) -> tuple[bool, str, str | None]:
     """(route to fuel?, why, guard). A choice that flips with size is taken at the traced sizes and guarded,
     so a size on the other side of the crossover recompiles rather than reusing a wrong plan."""
+    from torch.fx.experimental.symbolic_shapes import guard_bool, statically_known_true
+
     costs = f"{fmt(first.fuel, first.unit)} vs aten {fmt(first.aten, first.unit)}"
     basis = "" if first.calibrated else "; formula hints only (bytes; no calibration for it)"
 
     def verdict(go: bool) -> str:
-        if go:
-            return f"cheaper by the model: fuel {costs}{basis}"
-        return f"slower by the model: fuel {costs}{basis}"
+        if go and not first.calibrated and first.fuel == first.aten:
+            return f"same bytes by the formula hints (no calibration for it), fuel kept: fuel {costs}"
+        return f"{'cheaper' if go else 'slower'} by the model: fuel {costs}{basis}"
 
     # Ties go to fuel only on the formula hints, where the bytes are all there is to compare.
     cheaper = (lambda d: d < 0) if first.calibrated else (lambda d: d <= 0)

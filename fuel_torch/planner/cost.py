@@ -70,7 +70,8 @@ def concrete(size: Any, scale: int = 1) -> int:
         return int(size)
     node = size.node
     expr = node.expr
-    hints = node.shape_env.var_to_val
+    env = node.shape_env
+    hints = getattr(env, "backed_var_to_val", None) or env.var_to_val
     missing = [s for s in expr.free_symbols if s not in hints]
     if missing:
         raise ValueError(f"size {size} has no hint (data-dependent)")

@@ -129,13 +129,19 @@ def _contiguous(emit: Emitter, node: torch.fx.Node) -> torch.fx.Node:
     return emit(aten.clone.default, (node,), {"memory_format": torch.contiguous_format})
 
 
+def _dim(emit: Emitter, node: torch.fx.Node, i: int) -> Any:
+    """Size i of a node's value: an int, or a sym_size node where it is symbolic."""
+    size = val(node).shape[i]
+    return emit(aten.sym_size.int, (node, i)) if isinstance(size, torch.SymInt) else int(size)
+
+
 def conv2d_weight_grad(emit: Emitter, x: torch.fx.Node, grad: torch.fx.Node, kernel, stride, padding, dilation,
                        groups: int) -> torch.fx.Node:
     """d(sum(grad * conv2d(x, w)))/dw as one fuel conv2d, the formula of fuel_torch.autograd._conv2d_weight_grad
     written as graph nodes: the batch becomes the reduction (x arranged [Cin/groups, groups*N, H, W], grad
     arranged [Cout, N, Ho, Wo], grouped by the conv's groups), stride and dilation trade places, and the
     result is cut to the kernel's size. -1 stands for the (possibly symbolic) batch in every reshape."""
-    _, c_in, h, w = (int(s) if not isinstance(s, torch.SymInt) else s for s in val(x).shape)
+    c_in, h, w = int(val(x).shape[1]), _dim(emit, x, 2), _dim(emit, x, 3)
     per_group = c_in // groups
     xs = emit(aten.view.default, (x, [-1, groups, per_group, h, w]))
     xs = _contiguous(emit, emit(aten.permute.default, (xs, [2, 1, 0, 3, 4])))
@@ -147,31 +153,26 @@ def conv2d_weight_grad(emit: Emitter, x: torch.fx.Node, grad: torch.fx.Node, ker
     return _contiguous(emit, emit(aten.transpose.int, (full, 0, 1)))
 
 
-def _transposed_size(size: int, k: int, stride: int, padding: int, dilation: int) -> int:
-    """conv_transpose2d's output length without output_padding, for input length `size`."""
-    return (size - 1) * stride - 2 * padding + dilation * (k - 1) + 1
-
-
 def convolution_backward(emit: Emitter, node: torch.fx.Node, match: Match) -> dict[int, torch.fx.Node]:
     """aten.convolution_backward split as fuel_torch.autograd computes it: the input gradient is the other
     convolution, the weight gradient one fuel conv2d (conv2d_weight_grad), the bias gradient a sum (torch's)."""
     grad, x, weight = (materialize(emit, o, match.out, []) for o in match.operands)
     p = match.params
     stride, padding, dilation, groups, mask = p["stride"], p["padding"], p["dilation"], p["groups"], p["mask"]
-    xv, gv, wv = val(x), val(grad), val(weight)
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    xv, wv = val(x), val(weight)
     kernel = [int(s) for s in wv.shape[2:]]
     results: dict[int, torch.fx.Node] = {}
     if mask[0] and not p["transposed"]:
-        output_padding = [int(xv.shape[2 + d]) - _transposed_size(int(gv.shape[2 + d]), kernel[d], stride[d],
-                                                                 padding[d], dilation[d]) for d in range(2)]
         results[0] = emit(fuel.conv_transpose2d.default,
-                          (grad, weight, None, stride, padding, output_padding, groups, dilation))
+                          (grad, weight, None, stride, padding, p["grad_output_padding"], groups, dilation))
     elif mask[0]:
         grad_x = emit(fuel.conv2d.default, (grad, weight, None, stride, padding, dilation, groups))
-        if tuple(val(grad_x).shape[2:]) != tuple(xv.shape[2:]):
+        if not all(statically_known_true(a == b) for a, b in zip(val(grad_x).shape[2:], xv.shape[2:])):
             # output_padding >= stride reaches past x's grid: those rows and columns are not x's.
-            grad_x = emit(aten.slice.Tensor, (grad_x, 2, 0, int(xv.shape[2])))
-            grad_x = _contiguous(emit, emit(aten.slice.Tensor, (grad_x, 3, 0, int(xv.shape[3]))))
+            grad_x = emit(aten.slice.Tensor, (grad_x, 2, 0, _dim(emit, x, 2)))
+            grad_x = _contiguous(emit, emit(aten.slice.Tensor, (grad_x, 3, 0, _dim(emit, x, 3))))
         results[0] = grad_x
     if mask[1]:
         image, out_grad = (x, grad) if not p["transposed"] else (grad, x)

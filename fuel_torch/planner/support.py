@@ -192,7 +192,7 @@ def match_convolution_backward(node: torch.fx.Node) -> Match:
     _check_device(gv, xv, wv)
     if len({gv.dtype, xv.dtype, wv.dtype}) != 1:
         raise Unsupported(f"mixed dtypes {gv.dtype}, {xv.dtype}, {wv.dtype}")
-    _ints(list(xv.shape[2:]) + list(gv.shape[2:]), "spatial sizes")
+    _ints([xv.shape[1], gv.shape[1]], "channel counts")
     contract = contract_for("conv2d", xv.dtype)
     operands = []
     for name, value, v in (("grad", grad, gv), ("x", x, xv), ("weight", weight, wv)):
@@ -203,7 +203,23 @@ def match_convolution_backward(node: torch.fx.Node) -> Match:
               "output_padding": _ints(output_padding, "output_padding"), "mask": list(mask)}
     if not isinstance(groups, int):
         raise Unsupported("symbolic groups")
+    if not transposed:
+        # The input gradient is conv_transpose2d; its output_padding restores the rows the forward's floor
+        # division dropped. Under dynamic shapes it must not depend on the size (it does not for stride 1).
+        params["grad_output_padding"] = []
+        for d in range(2):
+            extra = xv.shape[2 + d] - transposed_size(gv.shape[2 + d], wv.shape[2 + d], params["stride"][d],
+                                                      params["padding"][d], params["dilation"][d])
+            extra = extra.node.maybe_as_int() if isinstance(extra, torch.SymInt) else int(extra)
+            if extra is None:
+                raise Unsupported("the input gradient's output_padding depends on the (symbolic) spatial size")
+            params["grad_output_padding"].append(extra)
     return Match("convolution_backward", xv.dtype, operands, params, xv)
+
+
+def transposed_size(size, k: int, stride: int, padding: int, dilation: int):
+    """conv_transpose2d's output length without output_padding, for input length `size`."""
+    return (size - 1) * stride - 2 * padding + dilation * (k - 1) + 1
 
 
 def match(node: torch.fx.Node) -> Match:
