@@ -22,7 +22,7 @@ def compile_args():
 
 
 setup(
-    packages=["fuel_torch", "fuel_torch.judge", "fuel_torch._contract_files"],
+    packages=["fuel_torch", "fuel_torch.judge", "fuel_torch._contract_files", "fuel_torch.planner"],
     # contracts/ is the single source of truth at the top of the repo; it ships inside the package.
     package_dir={"fuel_torch": "fuel_torch", "fuel_torch._contract_files": "contracts"},
     package_data={"fuel_torch._contract_files": ["*.fkc.md"]},

@@ -19,6 +19,7 @@ add, sub, mul, div = (elementwise.API[op] for op in ("add", "sub", "mul", "div")
 maximum, minimum, pow, rem = (elementwise.API[op] for op in ("maximum", "minimum", "pow", "rem"))
 conv2d, conv_transpose2d = convolution.conv2d, convolution.conv_transpose2d
 from .costmodel import cost  # noqa: E402  (predicted cost of a call; calibrated by `python -m fuel_torch judge`)
+from .planner import plan_report  # noqa: E402  (torch.compile backends "fuel" and "fuel_inductor")
 
 __all__ = [
     "Contract", "ContractFormatError", "ContractSet", "ContractViolation", "contract", "installed",

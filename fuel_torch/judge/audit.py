@@ -89,6 +89,10 @@ def calibration_of(report: dict) -> dict:
                                     "launch_overhead_s": cost["ours"]["launch_overhead_s"],
                                     "per_second": cost["ours"]["per_second"], "unit": cost["unit"],
                                     "rate": cost["ours"]["rate"]}
+        theirs = cost.get("torch") or {}
+        if "launch_overhead_s" in theirs and "per_second" in theirs:  # the planner weighs both sides
+            kernels[entry["kernel"]]["torch"] = {"launch_overhead_s": theirs["launch_overhead_s"],
+                                                 "per_second": theirs["per_second"], "basis": cost["basis"]}
     machine = report["machine"]
     return {"format": CALIBRATION_FORMAT, "key": machine["calibration_key"], "created": report["created"],
             "torch": report["torch"], "machine_id": machine["id"], "machine": {k: machine[k] for k in ("cpu", "cpu_count", "torch_threads")},
