@@ -41,17 +41,19 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 1000])
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--sample-ms", type=float, default=20.0, help="length of one timed sample")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(machine_line())
-    print(f"median of {args.repeats} interleaved repeats; ratios within one row's run")
+    print(f"median of {args.repeats} interleaved repeats of {args.sample_ms:g} ms samples; ratios within one row's run")
     print(f"{'op':16} {'numel':>6} {'grad mode':9} {'fuel us':>8} {'aten us':>8} {'torch.fn us':>11} "
           f"{'fuel/aten':>9} {'fuel/torch.fn':>13}")
     for numel in args.sizes:
         for name, (fuel, aten, function) in cases(numel):
             for mode in ("no_grad", "enabled"):
                 with torch.no_grad() if mode == "no_grad" else contextlib.nullcontext():
-                    t = interleaved_medians({"fuel": fuel, "aten": aten, "fn": function}, repeats=args.repeats)
+                    t = interleaved_medians({"fuel": fuel, "aten": aten, "fn": function}, repeats=args.repeats,
+                                            sample_s=args.sample_ms / 1e3)
                 print(f"{name:16} {numel:>6} {mode:9} {t['fuel'] * 1e6:8.2f} {t['aten'] * 1e6:8.2f} "
                       f"{t['fn'] * 1e6:11.2f} {t['fuel'] / t['aten']:9.2f} {t['fuel'] / t['fn']:13.2f}")
 
