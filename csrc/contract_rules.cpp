@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -10,7 +11,8 @@
 namespace fuel {
 namespace {
 
-using Table = std::map<std::string, std::vector<KernelRule>>;
+// std::less<> lets find() take a string_view without building a std::string.
+using Table = std::map<std::string, std::vector<KernelRule>, std::less<>>;
 
 std::mutex install_mutex;
 // Tables are never freed: a call in flight may hold a reference into an older one while a new
@@ -24,7 +26,8 @@ const Table& table() {
   return installed ? *installed : empty;
 }
 
-std::string join(const std::vector<std::string>& parts, const char* sep) {
+template <typename Parts>
+std::string join(const Parts& parts, const char* sep) {
   std::string joined;
   for (size_t i = 0; i < parts.size(); ++i) joined += (i ? sep : "") + parts[i];
   return joined;
@@ -48,34 +51,60 @@ std::string layout_seen(const at::Tensor& t) {
 const char* kLayoutFix = "pass a contiguous zero-offset copy (.contiguous() or .clone()), or call through "
                          "fuel_torch under layout_policy('contiguize')";
 
-// The first layout clause `t` breaks, most specific first; "" when it breaks none. A tensor with
+// The first layout clause `t` breaks, most specific first; nullptr when it breaks none. A tensor with
 // no elements has no memory to read, so no layout can be wrong for it (torch calls it contiguous).
-std::string broken_layout_clause(const at::Tensor& t, const std::map<std::string, std::string>& layout) {
-  if (t.numel() == 0) return "";
-  auto rejects = [&](const char* flag) {
-    auto it = layout.find(flag);
-    return it != layout.end() && it->second == "rejected";
-  };
+const char* broken_layout_clause(const at::Tensor& t, const InputRule& in) {
+  if (t.numel() == 0) return nullptr;
   bool negative = false, stride0 = false;
   for (int64_t d = 0; d < t.dim(); ++d) {
     negative |= t.stride(d) < 0;
     stride0 |= t.stride(d) == 0 && t.size(d) > 1;
   }
-  if (negative && rejects("reverse_strides")) return "layout.reverse_strides: rejected";
-  if (stride0 && rejects("broadcast_stride0")) return "layout.broadcast_stride0: rejected";
-  if (t.storage_offset() != 0 && rejects("start_offset")) return "layout.start_offset: rejected";
+  if (negative && in.rejects_reverse_strides) return "layout.reverse_strides: rejected";
+  if (stride0 && in.rejects_broadcast_stride0) return "layout.broadcast_stride0: rejected";
+  if (t.storage_offset() != 0 && in.rejects_start_offset) return "layout.start_offset: rejected";
   if (!t.is_contiguous()) {
-    if (rejects("strided")) return "layout.strided: rejected";
-    auto it = layout.find("contiguous");
-    if (it != layout.end() && it->second == "required") return "layout.contiguous: required";
+    if (in.rejects_strided) return "layout.strided: rejected";
+    if (in.requires_contiguous) return "layout.contiguous: required";
   }
-  return "";
+  return nullptr;
 }
 
 // What the kernels can really read, whatever a contract claims: a contract that accepts more than
 // this (a draft, a typo) must never turn into an out-of-bounds read.
 bool kernel_can_read(const at::Tensor& t) {
   return t.numel() == 0 || (t.is_contiguous() && t.storage_offset() == 0);
+}
+
+bool is_missing(const at::Tensor* t) { return t == nullptr || !t->defined(); }
+
+std::string all_kernels(const std::vector<KernelRule>& kernels) {
+  std::vector<std::string> names;
+  for (const auto& k : kernels) names.push_back(k.kernel);
+  return join(names, "|");
+}
+
+// A required tensor passed as None (Python None becomes an undefined tensor on its way to a kernel).
+// The kernel named is the one the first present tensor's dtype selects, as the dtype check would.
+[[noreturn]] void fail_missing(std::string_view op, const std::vector<KernelRule>& kernels,
+                               c10::ArrayRef<const at::Tensor*> inputs, const std::string& arg) {
+  std::string kernel = all_kernels(kernels);
+  for (const at::Tensor* t : inputs) {
+    if (is_missing(t)) continue;
+    for (const auto& k : kernels) {
+      if (k.dtype == t->scalar_type()) kernel = k.kernel;
+    }
+    break;
+  }
+  fail(op, kernel, arg, "optional: false", "None", "pass a tensor");
+}
+
+[[noreturn]] void fail_dtype(std::string_view op, const std::vector<KernelRule>& kernels, const at::Tensor& first) {
+  std::vector<std::string> dtype_names;
+  for (const auto& k : kernels) dtype_names.push_back(fkc_dtype_name(k.dtype));
+  fail(op, all_kernels(kernels), kernels.front().inputs.at(0).name, "dtypes: [" + join(dtype_names, ", ") + "]",
+       dtype_str(first.scalar_type()),
+       "convert the tensors to one of torch.float32, torch.float64, torch.bfloat16, torch.float16");
 }
 
 }  // namespace
@@ -94,63 +123,77 @@ std::string dtype_str(c10::ScalarType dtype) {
 
 void install_rules(std::vector<KernelRule> rules) {
   auto fresh = std::make_unique<Table>();
-  for (auto& rule : rules) (*fresh)[rule.op].push_back(std::move(rule));
+  for (auto& rule : rules) {
+    for (auto& in : rule.inputs) {
+      auto is = [&](const char* flag, const char* value) {
+        auto it = in.layout.find(flag);
+        return it != in.layout.end() && it->second == value;
+      };
+      in.rejects_reverse_strides = is("reverse_strides", "rejected");
+      in.rejects_broadcast_stride0 = is("broadcast_stride0", "rejected");
+      in.rejects_start_offset = is("start_offset", "rejected");
+      in.rejects_strided = is("strided", "rejected");
+      in.requires_contiguous = is("contiguous", "required");
+      in.same_as_index = -1;
+      for (size_t j = 0; j < rule.inputs.size() && !in.same_as.empty(); ++j) {
+        if (rule.inputs[j].name == in.same_as) in.same_as_index = static_cast<int64_t>(j);
+      }
+    }
+    std::string op = rule.op;
+    (*fresh)[op].push_back(std::move(rule));
+  }
   std::lock_guard<std::mutex> lock(install_mutex);
   current_table.store(fresh.get(), std::memory_order_release);
   all_tables.push_back(std::move(fresh));
 }
 
-void fail(const std::string& op, const std::string& kernel, const std::string& arg, const std::string& clause,
-          const std::string& seen, const std::string& fix) {
+void fail(std::string_view op, std::string_view kernel, std::string_view arg, std::string_view clause,
+          std::string_view seen, std::string_view fix) {
   TORCH_CHECK(false, "fuel::", op, " [", kernel, "]: argument '", arg, "' breaks `", clause, "`: saw ", seen,
               ". Fix: ", fix, ".");
 }
 
-const KernelRule& check_inputs(const std::string& op, const std::vector<const at::Tensor*>& inputs) {
+const KernelRule& check_inputs(std::string_view op, c10::ArrayRef<const at::Tensor*> inputs) {
   const Table& rules = table();
   auto found = rules.find(op);
-  TORCH_CHECK(found != rules.end() && !found->second.empty() && !inputs.empty() && inputs[0],
+  TORCH_CHECK(found != rules.end() && !found->second.empty() && !inputs.empty(),
               "fuel::", op, ": no contract is installed for this op; import fuel_torch before calling torch.ops.fuel.*");
   const auto& kernels = found->second;
+  const auto& names = kernels.front().inputs;
+  TORCH_CHECK(inputs.size() == names.size(), "fuel::", op, " [", kernels.front().kernel, "]: contract lists ",
+              names.size(), " inputs but the op passed ", inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (is_missing(inputs[i]) && !(inputs[i] == nullptr && names[i].optional)) {
+      fail_missing(op, kernels, inputs, names[i].name);
+    }
+  }
   const at::Tensor& first = *inputs[0];
-  const std::string& first_name = kernels.front().inputs.at(0).name;
+  const std::string& first_name = names[0].name;
 
   const KernelRule* rule = nullptr;
-  std::vector<std::string> kernel_names, dtype_names;
   for (const auto& k : kernels) {
     if (k.dtype == first.scalar_type()) rule = &k;
-    kernel_names.push_back(k.kernel);
-    dtype_names.push_back(fkc_dtype_name(k.dtype));
   }
-  if (!rule) {
-    fail(op, join(kernel_names, "|"), first_name, "dtypes: [" + join(dtype_names, ", ") + "]",
-         dtype_str(first.scalar_type()),
-         "convert the tensors to one of torch.float32, torch.float64, torch.bfloat16, torch.float16");
-  }
-  TORCH_CHECK(inputs.size() == rule->inputs.size(), "fuel::", op, " [", rule->kernel, "]: contract lists ",
-              rule->inputs.size(), " inputs but the op passed ", inputs.size());
+  if (!rule) fail_dtype(op, kernels, first);
 
   for (size_t i = 0; i < inputs.size(); ++i) {
     const InputRule& in = rule->inputs[i];
     const at::Tensor* t = inputs[i];
-    if (!t) {
-      if (!in.optional) fail(op, rule->kernel, in.name, "optional: false", "None", "pass a tensor");
-      continue;
-    }
+    if (!t) continue;  // an absent optional (a missing required one was refused above)
     if (t->device() != first.device() || !t->device().is_cpu()) {
       fail(op, rule->kernel, in.name, "backend: Cpu",
            "device " + t->device().str() + " ('" + first_name + "' is on " + first.device().str() + ")",
            "move every tensor of the call to the CPU (meta tensors only for shape inference, all of them meta)");
     }
     if (std::find(in.dtypes.begin(), in.dtypes.end(), t->scalar_type()) == in.dtypes.end()) {
-      std::vector<std::string> names;
-      for (auto d : in.dtypes) names.push_back(fkc_dtype_name(d));
-      fail(op, rule->kernel, in.name, "dtypes: [" + join(names, ", ") + "]", dtype_str(t->scalar_type()),
+      std::vector<std::string> dtype_names;
+      for (auto d : in.dtypes) dtype_names.push_back(fkc_dtype_name(d));
+      fail(op, rule->kernel, in.name, "dtypes: [" + join(dtype_names, ", ") + "]", dtype_str(t->scalar_type()),
            "convert '" + in.name + "' to " + dtype_str(rule->dtype) + " (every tensor of one call has one dtype)");
     }
-    std::string clause = broken_layout_clause(*t, in.layout);
-    if (clause.empty() && !kernel_can_read(*t)) clause = "layout.contiguous: required";
-    if (!clause.empty()) fail(op, rule->kernel, in.name, clause, layout_seen(*t), kLayoutFix);
+    const char* clause = broken_layout_clause(*t, in);
+    if (!clause && !kernel_can_read(*t)) clause = "layout.contiguous: required";
+    if (clause) fail(op, rule->kernel, in.name, clause, layout_seen(*t), kLayoutFix);
     if (in.rank >= 0 && t->dim() != in.rank) {
       fail(op, rule->kernel, in.name, "rank: " + std::to_string(in.rank),
            "rank " + std::to_string(t->dim()) + " (shape " + shape_str(t->sizes()) + ")",
@@ -159,21 +202,20 @@ const KernelRule& check_inputs(const std::string& op, const std::vector<const at
   }
   for (size_t i = 0; i < inputs.size(); ++i) {
     const InputRule& in = rule->inputs[i];
-    if (in.same_as.empty() || !inputs[i]) continue;
-    for (size_t j = 0; j < inputs.size(); ++j) {
-      if (rule->inputs[j].name != in.same_as || !inputs[j] || inputs[j]->sizes() == inputs[i]->sizes()) continue;
-      fail(op, rule->kernel, in.name, "shape_constraint: same_as=" + in.same_as,
-           in.name + " " + shape_str(inputs[i]->sizes()) + ", " + in.same_as + " " + shape_str(inputs[j]->sizes()),
-           "pass tensors of one shape (the kernel does not broadcast), or call through fuel_torch under "
-           "layout_policy('contiguize'), which broadcasts first");
-    }
+    const int64_t j = in.same_as_index;
+    if (j < 0 || !inputs[i] || !inputs[j] || inputs[j]->sizes() == inputs[i]->sizes()) continue;
+    fail(op, rule->kernel, in.name, "shape_constraint: same_as=" + in.same_as,
+         in.name + " " + shape_str(inputs[i]->sizes()) + ", " + in.same_as + " " + shape_str(inputs[j]->sizes()),
+         "pass tensors of one shape (the kernel does not broadcast), or call through fuel_torch under "
+         "layout_policy('contiguize'), which broadcasts first");
   }
   return *rule;
 }
 
 void check_out(const KernelRule& rule, const at::Tensor& out, c10::ScalarType dtype, at::IntArrayRef shape,
-               const std::vector<const at::Tensor*>& inputs) {
+               c10::ArrayRef<const at::Tensor*> inputs) {
   const std::string& op = rule.op;
+  if (!out.defined()) fail(op, rule.kernel, "out", "optional: false", "None", "pass a tensor");
   const at::Tensor& first = *inputs.at(0);
   if (out.device() != first.device()) {
     fail(op, rule.kernel, "out", "backend: Cpu",

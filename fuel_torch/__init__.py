@@ -13,7 +13,7 @@ from .layout import current_policy, layout_policy
 _C.install_rules(rules_for_cpp(installed()))
 
 from . import convolution, elementwise  # noqa: E402  (needs the ops registered above)
-from . import autograd, compile_fixes, nn  # noqa: E402,F401  (autograd, a torch.compile fix, nn modules)
+from . import compile_fixes, nn, vmap  # noqa: E402,F401  (a torch.compile fix, nn modules, vmap batching rules)
 
 add, sub, mul, div = (elementwise.API[op] for op in ("add", "sub", "mul", "div"))
 maximum, minimum, pow, rem = (elementwise.API[op] for op in ("maximum", "minimum", "pow", "rem"))

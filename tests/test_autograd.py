@@ -199,6 +199,53 @@ def test_contract_violation_in_forward_is_the_same_with_requires_grad():
         torch.ops.fuel.add(lhs, torch.rand(4, 4).t())
 
 
+OVERLOADS = [f"{op}{suffix}" for op in (*elementwise.OPS, "conv2d", "conv_transpose2d") for suffix in ("", ".out")]
+
+
+@pytest.mark.parametrize("name", OVERLOADS)
+def test_autograd_kernels_are_cpp(name):
+    # Every overload's autograd kernel is the C++ one (csrc/autograd.cpp): no call, even under no_grad, runs
+    # Python on its way to the kernel.
+    table = torch._C._dispatch_dump_table(f"fuel::{name}")
+    autograd_cpu = next(line for line in table.splitlines() if line.startswith("AutogradCPU:"))
+    assert "csrc/autograd.cpp" in autograd_cpu, autograd_cpu
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(f"fuel::{name}", "Autograd")
+
+
+def none_calls():
+    x, w = torch.rand(1, 2, 4, 4), torch.rand(2, 2, 3, 3)
+    a = torch.rand(5)
+    return [
+        ("add", "lhs", lambda t: torch.ops.fuel.add(None, t), a),
+        ("add", "rhs", lambda t: torch.ops.fuel.add(t, None), a),
+        ("pow", "lhs", lambda t: torch.ops.fuel.pow(None, t), a),
+        ("conv2d", "x", lambda t: torch.ops.fuel.conv2d(None, t), w),
+        ("conv2d", "weight", lambda t: torch.ops.fuel.conv2d(t, None), x),
+        ("conv_transpose2d", "x", lambda t: torch.ops.fuel.conv_transpose2d(None, t), w),
+    ]
+
+
+@pytest.mark.parametrize("mode", ("plain", "requires_grad", "no_grad", "inference_mode"))
+@pytest.mark.parametrize("index", range(len(none_calls())))
+def test_none_for_a_tensor_argument_names_the_op_and_the_argument(index, mode):
+    op, arg, call, other = none_calls()[index]
+    kernel = f"{op}_f32"
+    expected = rf"^fuel::{op} \[{kernel}\]: argument '{arg}' breaks `optional: false`: saw None\. Fix: pass a tensor\.$"
+    if mode == "requires_grad":
+        other.requires_grad_()
+    context = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}.get(mode, torch.enable_grad)
+    with context(), pytest.raises(RuntimeError, match=expected):
+        call(other)
+
+
+def test_none_for_out_or_an_input_of_an_out_overload_is_named():
+    a = torch.rand(5)
+    with pytest.raises(RuntimeError, match=r"^fuel::add \[add_f32\]: argument 'out' breaks `optional: false`"):
+        torch.ops.fuel.add.out(a, a, out=None)
+    with pytest.raises(RuntimeError, match=r"^fuel::pow \[pow_f32\]: argument 'lhs' breaks `optional: false`"):
+        torch.ops.fuel.pow.out(None, a, out=torch.empty(5))
+
+
 # ---------------------------------------------------------------------------------------------------
 # Convolution: conv2d and conv_transpose2d.
 
