@@ -220,11 +220,14 @@ def _start(backend: str, options: Options) -> tuple[PlanReport, Calibration | No
     return begin(PlanReport(backend, options.route, options.ops, _basis(calibration))), calibration
 
 
-def fuel(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, **kwargs):
+def fuel(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, mode: str | None = None):
     """torch.compile backend "fuel": plan, then run the ATen graphs as they are (torch for the rest)."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.aot_autograd import make_boxed_func
 
+    if mode not in (None, "default"):
+        raise ValueError(f"torch.compile(backend='fuel'): mode={mode!r} is an inductor mode; the planner with "
+                         "inductor's codegen is backend='fuel_inductor'")
     planner_options, _ = Options.parse(options, "fuel")
     report, calibration = _start("fuel", planner_options)
 
@@ -238,8 +241,7 @@ def fuel(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, 
                         inference_compiler=compiler("inference"))(gm, example_inputs)
 
 
-def fuel_inductor(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, mode: str | None = None,
-                  **kwargs):
+def fuel_inductor(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, mode: str | None = None):
     """torch.compile backend "fuel_inductor": plan each ATen graph, then inductor's codegen for the rest.
 
     AOTAutograd's cache would hand back a compiled artifact without running the planner (so with decisions
