@@ -163,6 +163,27 @@ def test_float32_within_contract_precision(no_calibration):
     assert len(fuel_torch.plan_report().on("fuel")) > 5
 
 
+class Geometry(nn.Module):
+    """Grouped, strided, dilated, asymmetric convolutions both ways: the backward split's hard cases."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 6, (3, 2), stride=(2, 1), padding=(1, 0), dilation=(1, 2), groups=2)
+        self.up = nn.ConvTranspose2d(6, 4, 3, stride=(2, 3), padding=1, output_padding=(1, 2), groups=2,
+                                     dilation=(1, 2), bias=False)
+
+    def forward(self, x):
+        return self.up(self.conv(x))
+
+
+def test_convolution_geometry_training_matches_eager(no_calibration):
+    eager, twin = _twins(Geometry, torch.float64)
+    compiled = _compile(twin, route="all")
+    _assert_training_matches(eager, compiled, torch.randn(3, 4, 9, 8, dtype=torch.float64))
+    report = fuel_torch.plan_report()
+    assert len(report.decisions) == 4 and not report.on("aten"), str(report)
+
+
 def test_route_none_routes_nothing_and_keeps_reasons(no_calibration):
     eager, twin = _twins(Block, torch.float64)
     compiled = _compile(twin, route="none")
@@ -220,6 +241,9 @@ def test_bad_options_are_refused():
         torch._dynamo.reset()
         with pytest.raises(Exception, match=message):
             torch.compile(lambda a: a + a, backend="fuel", options=options)(x)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="inductor mode"):
+        torch.compile(lambda a: a + a, backend="fuel", mode="max-autotune")(x)
 
 
 def test_unroutable_nodes_get_reasons(no_calibration):

@@ -100,13 +100,12 @@ def price(m: support.Match, calibration: Calibration | None, scale: int = 1) -> 
     return predict(calls, copies, calibration)
 
 
-def _numel(m: support.Match) -> Any:
-    return m.out.numel()
-
-
 def decide(m: support.Match, first: Prediction, calibration: Calibration | None) -> tuple[bool, str, str | None]:
-    """(route to fuel?, why, guard). A choice that flips with size is taken at the traced sizes and guarded,
-    so a size on the other side of the crossover recompiles rather than reusing a wrong plan."""
+    """(route to fuel?, why, guard). Under dynamic shapes the cost difference is taken as affine in the
+    output's element count (exact where sizes scale together, as a batch does), fitted from the traced
+    sizes and twice them. Where the crossover lies outside what the symbols can reach, the choice holds for
+    every size; otherwise it is taken at the traced sizes and guarded, so a size on the other side of the
+    crossover recompiles rather than reusing a wrong plan."""
     from torch.fx.experimental.symbolic_shapes import guard_bool, statically_known_true
 
     costs = f"{fmt(first.fuel, first.unit)} vs aten {fmt(first.aten, first.unit)}"
@@ -119,26 +118,25 @@ def decide(m: support.Match, first: Prediction, calibration: Calibration | None)
 
     # Ties go to fuel only on the formula hints, where the bytes are all there is to compare.
     cheaper = (lambda d: d < 0) if first.calibrated else (lambda d: d <= 0)
-    numel = _numel(m)
+    d1 = first.fuel - first.aten
+    numel = m.out.numel()
     if not isinstance(numel, torch.SymInt):
-        return cheaper(first.fuel - first.aten), verdict(cheaper(first.fuel - first.aten)), None
+        return cheaper(d1), verdict(cheaper(d1)), None
     second = price(m, calibration, 2)
     m1, m2 = concrete(numel, 1), concrete(numel, 2)
-    d1, d2 = first.fuel - first.aten, second.fuel - second.aten
-    slope = (d2 - d1) / (m2 - m1) if m2 != m1 else 0.0
+    slope = ((second.fuel - second.aten) - d1) / (m2 - m1) if m2 != m1 else 0.0
     if abs(slope) * max(m1, 1) <= 1e-12 * max(abs(first.fuel), abs(first.aten), 1e-30):
         return cheaper(d1), verdict(cheaper(d1)) + " (at every size)", None
-    crossover = m1 - d1 / slope  # where fuel and aten cost the same, in output elements
-    if slope < 0:
-        fuel_region, condition = numel > math.floor(crossover), f"numel > {math.floor(crossover)}"
-    else:
-        fuel_region, condition = numel < math.ceil(crossover), f"numel < {math.ceil(crossover)}"
+    crossover = m1 - d1 / slope  # output elements where both cost the same
+    relation, bound = (">", math.floor(crossover)) if slope < 0 else ("<", math.ceil(crossover))
+    fuel_region = numel > bound if slope < 0 else numel < bound
+    condition = f"numel {relation} {bound}"
     if statically_known_true(fuel_region):
         return True, verdict(True) + f" (for every size: fuel iff {condition})", None
     if statically_known_true(torch.sym_not(fuel_region)):
         return False, verdict(False) + f" (for every size: fuel iff {condition})", None
-    go = guard_bool(fuel_region)  # installs the guard: the other side of the crossover recompiles
-    guard = f"{numel} {'>' if slope < 0 else '<'} {math.floor(crossover) if slope < 0 else math.ceil(crossover)}"
+    go = guard_bool(fuel_region)  # installs the guard
+    guard = f"{numel} {relation} {bound}"
     return go, verdict(go) + f" (size-dependent: fuel iff {condition}; guarded on {guard})", guard
 
 
@@ -220,11 +218,14 @@ def _start(backend: str, options: Options) -> tuple[PlanReport, Calibration | No
     return begin(PlanReport(backend, options.route, options.ops, _basis(calibration))), calibration
 
 
-def fuel(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, **kwargs):
+def fuel(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, mode: str | None = None):
     """torch.compile backend "fuel": plan, then run the ATen graphs as they are (torch for the rest)."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.aot_autograd import make_boxed_func
 
+    if mode not in (None, "default"):
+        raise ValueError(f"torch.compile(backend='fuel'): mode={mode!r} is an inductor mode; the planner with "
+                         "inductor's codegen is backend='fuel_inductor'")
     planner_options, _ = Options.parse(options, "fuel")
     report, calibration = _start("fuel", planner_options)
 
@@ -238,8 +239,7 @@ def fuel(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, 
                         inference_compiler=compiler("inference"))(gm, example_inputs)
 
 
-def fuel_inductor(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, mode: str | None = None,
-                  **kwargs):
+def fuel_inductor(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, mode: str | None = None):
     """torch.compile backend "fuel_inductor": plan each ATen graph, then inductor's codegen for the rest.
 
     AOTAutograd's cache would hand back a compiled artifact without running the planner (so with decisions
