@@ -16,7 +16,7 @@ from typing import Any, Mapping
 import torch
 import yaml
 
-from .judge.expr import Expr, ExprError
+from .expr import Expr, ExprError
 
 FKC_DTYPES: Mapping[str, torch.dtype] = {
     "F32": torch.float32,
