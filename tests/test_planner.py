@@ -409,6 +409,19 @@ def test_by_name_without_import_and_fuel_inductor_with_warm_caches(tmp_path):
     assert second.splitlines() == first.splitlines()
 
 
+def test_fuel_inductor_training_matches_eager(no_calibration, tmp_path, monkeypatch):
+    # Inductor lays out buffers itself: the fuel fallbacks must still get contiguous inputs (the backward
+    # split feeds them permuted copies).
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    eager, twin = _twins(Block, torch.float32)
+    torch._dynamo.reset()
+    compiled = torch.compile(twin, backend="fuel_inductor", options={"route": "all"})
+    _assert_training_matches(eager, compiled, torch.randn(2, 4, 8, 8), rtol=1e-4, atol=1e-5)
+    report = fuel_torch.plan_report()
+    assert report.backend == "fuel_inductor" and not report.on("aten"), str(report)
+    assert sum(d.target == "aten.convolution_backward.default" for d in report.decisions) == 2
+
+
 def test_import_offers_the_backends_where_no_entry_point_is_installed():
     from torch._dynamo.backends import registry
 

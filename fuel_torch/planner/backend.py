@@ -239,6 +239,18 @@ def fuel(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, 
                         inference_compiler=compiler("inference"))(gm, example_inputs)
 
 
+def _fallbacks_take_contiguous_inputs() -> None:
+    """Fuel kernels read contiguous inputs only. Inductor lowers an untagged custom op with the stride order
+    of its inputs' fake values, which an upstream buffer (a clone of a permute, say) need not keep; register
+    each fuel op's fallback with inductor's contiguous-strides constraint instead, once."""
+    from torch._inductor import lowering
+
+    for name in support.FUEL_OPS:
+        op = getattr(torch.ops.fuel, name).default
+        if op not in lowering.lowerings:
+            lowering.make_fallback(op, layout_constraint=lowering.require_contiguous_strides, warn=False)
+
+
 def fuel_inductor(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, mode: str | None = None):
     """torch.compile backend "fuel_inductor": plan each ATen graph, then inductor's codegen for the rest.
 
@@ -249,6 +261,7 @@ def fuel_inductor(gm: torch.fx.GraphModule, example_inputs, options: dict | None
     from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
     planner_options, inductor_options = Options.parse(options, "fuel_inductor")
+    _fallbacks_take_contiguous_inputs()
     report, calibration = _start("fuel_inductor", planner_options)
     config_patches = dict(inductor_options)
     if mode is not None:

@@ -146,11 +146,11 @@ def conv2d_weight_grad(emit: Emitter, x: torch.fx.Node, grad: torch.fx.Node, ker
     xs = emit(aten.view.default, (x, [-1, groups, per_group, h, w]))
     xs = _contiguous(emit, emit(aten.permute.default, (xs, [2, 1, 0, 3, 4])))
     xs = emit(aten.view.default, (xs, [per_group, -1, h, w]))
-    gs = _contiguous(emit, emit(aten.transpose.int, (grad, 0, 1)))
+    gs = _contiguous(emit, emit(aten.permute.default, (grad, [1, 0, 2, 3])))
     full = emit(fuel.conv2d.default, (xs, gs, None, list(dilation), list(padding), list(stride), groups))
     full = emit(aten.slice.Tensor, (full, 2, 0, kernel[0]))
     full = emit(aten.slice.Tensor, (full, 3, 0, kernel[1]))
-    return _contiguous(emit, emit(aten.transpose.int, (full, 0, 1)))
+    return _contiguous(emit, emit(aten.permute.default, (full, [1, 0, 2, 3])))
 
 
 def convolution_backward(emit: Emitter, node: torch.fx.Node, match: Match) -> dict[int, torch.fx.Node]:
