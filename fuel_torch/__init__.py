@@ -6,6 +6,7 @@ from the shipped FKC contracts into them, and registers the fake kernels torch.c
 import torch
 
 from . import _C  # noqa: F401  (loading the library registers the ops)
+from .capability import cpu_capability  # importing it chooses the kernels' instruction-set level
 from .contracts import Contract, ContractFormatError, ContractSet, contract, installed, load_contracts, rules_for_cpp
 from .enforce import ContractViolation
 from .layout import current_policy, layout_policy
@@ -22,6 +23,6 @@ from .cost import cost  # noqa: E402  (predicted cost of a call; calibrated by `
 
 __all__ = [
     "Contract", "ContractFormatError", "ContractSet", "ContractViolation", "contract", "installed",
-    "load_contracts", "layout_policy", "current_policy",
+    "load_contracts", "cpu_capability", "layout_policy", "current_policy",
     "add", "sub", "mul", "div", "maximum", "minimum", "pow", "rem", "conv2d", "conv_transpose2d",
 ]
