@@ -1,24 +1,72 @@
-"""Builds fuel_torch._C, the C++ kernels, with torch's own extension machinery."""
-import os
+"""Builds fuel_torch._C, the C++ kernels, with torch's own extension machinery.
 
-import torch
+Run-time ISA dispatch, as ATen's DispatchStub: the sources in csrc/kernels/ are compiled once per
+instruction-set level (LEVELS), each copy with that level's -m flags and CPU_CAPABILITY=<level>, so
+that its code lives in namespace fuel::<level> and ATen's Vectorized<T> is the level's own; the
+rest of csrc/ (checks, registration, the choice of level) is compiled once, for baseline x86-64.
+fuel_torch picks the level at import from the running CPU (csrc/dispatch.h), so a build made on
+an AVX-512 machine runs on an older one. cpp_extension has no per-file flags, so build_ext compiles
+the per-level objects itself (with the same ninja machinery) and links them after the common ones.
+"""
+import os
+import subprocess
+import tempfile
+
 from setuptools import setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
+# The flags ATen builds its own kernels with (cmake/Codegen.cmake). The order matters: the linker
+# keeps the first copy of an inline function that several objects define, and that copy must run
+# on every CPU that calls it, so objects go lowest level first (common sources before all).
+LEVELS = {
+    "DEFAULT": [],
+    "AVX2": ["-mavx2", "-mfma", "-mf16c"],
+    "AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c"],
+}
+KERNEL_DIR = os.path.join("csrc", "kernels")
 
-def compile_args():
-    # -fopenmp: cpp_extension adds none, and without it at::parallel_for runs on one thread.
-    # The produced library then needs libgomp.so.1, which torch already loaded (same soname),
-    # so torch.set_num_threads governs our kernels too.
-    # No -ffast-math or -Ofast anywhere: subnormals must survive (no flush-to-zero).
-    args = ["-O3", "-fopenmp", "-fvisibility=hidden"]
-    # ATen's Vectorized<T> is header-only; building it for AVX2 needs the capability macros. The
-    # extension is compiled on the machine that runs it, so follow what torch detects there.
-    # FUEL_CPU_CAPABILITY=DEFAULT forces the portable build.
-    capability = os.environ.get("FUEL_CPU_CAPABILITY") or torch.backends.cpu.get_cpu_capability()
-    if capability in ("AVX2", "AVX512"):
-        args += ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"]
-    return args
+# -fopenmp: cpp_extension adds none, and without it at::parallel_for runs on one thread. The
+# produced library then needs libgomp.so.1, which torch already loaded (same soname), so
+# torch.set_num_threads governs our kernels too.
+# No -ffast-math or -Ofast anywhere: subnormals must survive (no flush-to-zero).
+COMPILE_ARGS = ["-O3", "-fopenmp", "-fvisibility=hidden"]
+
+
+def sources(folder):
+    return sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".cpp"))
+
+
+def compiler_supports(compiler, flags):
+    """Whether the compiler accepts a level's flags (an old compiler may lack AVX-512)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        probe = os.path.join(tmp, "probe.cpp")
+        with open(probe, "w") as f:
+            f.write("int main() { return 0; }\n")
+        run = subprocess.run([compiler, *flags, "-c", probe, "-o", os.path.join(tmp, "probe.o")],
+                             capture_output=True)
+        return run.returncode == 0
+
+
+class BuildWithLevels(BuildExtension):
+    def build_extension(self, ext):
+        compiler = self.compiler.compiler_so[0]
+        common_args = list(ext.extra_compile_args)  # COMPILE_ARGS plus what BuildExtension added
+        ext.extra_objects = []
+        for level, flags in LEVELS.items():
+            if level != "DEFAULT" and not compiler_supports(compiler, flags):
+                print(f"fuel_torch: the compiler cannot target {level}; building without those kernels")
+                continue
+            if level != "DEFAULT":
+                ext.extra_compile_args.append(f"-DFUEL_HAVE_{level}")  # for the common sources
+            ext.extra_objects += self.compiler.compile(
+                sources(KERNEL_DIR),
+                output_dir=os.path.join(self.build_temp, "levels", level),
+                macros=ext.define_macros,
+                include_dirs=ext.include_dirs,
+                extra_postargs=[*common_args, *flags, f"-DCPU_CAPABILITY={level}", f"-DCPU_CAPABILITY_{level}"],
+                depends=ext.depends,
+            )
+        super().build_extension(ext)
 
 
 setup(
@@ -29,10 +77,12 @@ setup(
     ext_modules=[
         CppExtension(
             name="fuel_torch._C",
-            sources=sorted(os.path.join("csrc", f) for f in os.listdir("csrc") if f.endswith(".cpp")),
-            extra_compile_args=compile_args(),
+            sources=sources("csrc"),
+            # Kernel sources and headers are not in `sources`: listed here so editing one relinks.
+            depends=sorted(os.path.join(root, f) for root, _, files in os.walk("csrc") for f in files),
+            extra_compile_args=list(COMPILE_ARGS),
             extra_link_args=["-fopenmp"],
         )
     ],
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    cmdclass={"build_ext": BuildWithLevels.with_options(use_ninja=True)},
 )

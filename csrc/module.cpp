@@ -3,6 +3,7 @@
 #include <torch/extension.h>
 
 #include "contract_rules.h"
+#include "cpu_capability.h"
 
 namespace {
 
@@ -48,4 +49,5 @@ void install_rules(const py::list& rules) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("install_rules", &install_rules, "Install the accept/return clauses parsed from contracts/.");
+  fuel::bind_cpu_capability(m);
 }

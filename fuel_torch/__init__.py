@@ -6,6 +6,7 @@ from the shipped FKC contracts into them, and registers the fake kernels torch.c
 import torch
 
 from . import _C  # noqa: F401  (loading the library registers the ops)
+from .capability import cpu_capability  # importing it chooses the kernels' instruction-set level
 from .contracts import Contract, ContractFormatError, ContractSet, contract, installed, load_contracts, rules_for_cpp
 from .enforce import ContractViolation
 from .layout import current_policy, layout_policy
@@ -23,6 +24,6 @@ from .planner import plan_report  # noqa: E402  (torch.compile backends "fuel" a
 
 __all__ = [
     "Contract", "ContractFormatError", "ContractSet", "ContractViolation", "contract", "installed",
-    "load_contracts", "layout_policy", "current_policy",
+    "load_contracts", "cpu_capability", "layout_policy", "current_policy",
     "add", "sub", "mul", "div", "maximum", "minimum", "pow", "rem", "conv2d", "conv_transpose2d",
 ]

@@ -1,4 +1,5 @@
-"""`python -m fuel_torch`: every registered kernel with its contract and a live parity check.
+"""`python -m fuel_torch`: the CPU and the kernels' instruction-set level, then every registered kernel
+with its contract and a live parity check.
 
 `python -m fuel_torch judge ...` runs the contract audit (see fuel_torch.judge).
 """
@@ -12,7 +13,16 @@ import fuel_torch
 from fuel_torch import families
 
 
+def capability_line() -> str:
+    from fuel_torch.timing import cpu_model
+
+    return (f"CPU: {cpu_model()}; fuel kernels at {fuel_torch.cpu_capability()} (this CPU supports "
+            f"{', '.join(fuel_torch.capability.supported_capabilities())}; built: "
+            f"{', '.join(fuel_torch.capability.built_capabilities())}; FUEL_CPU_CAPABILITY forces one)")
+
+
 def kernel_table() -> int:
+    print(capability_line() + "\n")
     contracts = fuel_torch.installed()
     rows = [("kernel", "op", "dtype", "precision claim", "live parity check")]
     failures = 0

@@ -1,0 +1,142 @@
+// Which instruction-set level the kernels run at (see dispatch.h), and its Python bindings.
+#include <c10/util/Exception.h>
+#include <torch/extension.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cstdlib>
+#include <mutex>
+
+#include "dispatch.h"
+
+namespace fuel {
+namespace {
+
+struct Level {
+  Capability capability;
+  const char* name;
+  bool built;
+  // The CPU features the level's code may use: exactly its -m flags in setup.py.
+  std::vector<const char*> features;
+};
+
+const std::vector<Level>& levels() {
+  static const std::vector<Level> table = {
+      {Capability::DEFAULT, "DEFAULT", true, {}},
+#ifdef FUEL_HAVE_AVX2
+      {Capability::AVX2, "AVX2", true, {"avx2", "fma", "f16c"}},
+#else
+      {Capability::AVX2, "AVX2", false, {"avx2", "fma", "f16c"}},
+#endif
+#ifdef FUEL_HAVE_AVX512
+      {Capability::AVX512, "AVX512", true, {"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma", "f16c"}},
+#else
+      {Capability::AVX512, "AVX512", false, {"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma", "f16c"}},
+#endif
+  };
+  return table;
+}
+
+// __builtin_cpu_supports takes a string literal only, hence the table. libgcc's detection also
+// checks that the OS saves the ymm/zmm registers (XGETBV), as cpuinfo does for ATen.
+bool cpu_has(const std::string& feature) {
+  __builtin_cpu_init();
+#define FUEL_FEATURE(name) \
+  if (feature == #name) return __builtin_cpu_supports(#name);
+  FUEL_FEATURE(avx2)
+  FUEL_FEATURE(fma)
+  FUEL_FEATURE(f16c)
+  FUEL_FEATURE(avx512f)
+  FUEL_FEATURE(avx512bw)
+  FUEL_FEATURE(avx512vl)
+  FUEL_FEATURE(avx512dq)
+#undef FUEL_FEATURE
+  return false;
+}
+
+std::vector<std::string> missing_features(const Level& level) {
+  std::vector<std::string> missing;
+  for (const char* feature : level.features) {
+    if (!cpu_has(feature)) missing.emplace_back(feature);
+  }
+  return missing;
+}
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& item : items) out += (out.empty() ? "" : ", ") + item;
+  return out;
+}
+
+constexpr int kUnchosen = -1;
+std::atomic<int> chosen{kUnchosen};
+std::mutex choosing;
+
+}  // namespace
+
+const char* capability_name(Capability level) { return levels()[static_cast<int>(level)].name; }
+
+std::vector<std::string> built_capabilities() {
+  std::vector<std::string> names;
+  for (const Level& level : levels()) {
+    if (level.built) names.emplace_back(level.name);
+  }
+  return names;
+}
+
+std::vector<std::string> cpu_capabilities() {
+  std::vector<std::string> names;
+  for (const Level& level : levels()) {
+    if (level.built && missing_features(level).empty()) names.emplace_back(level.name);
+  }
+  return names;
+}
+
+Capability choose_capability() {
+  std::lock_guard<std::mutex> lock(choosing);
+  const char* env = std::getenv("FUEL_CPU_CAPABILITY");
+  std::string wanted = env ? env : "";
+  std::transform(wanted.begin(), wanted.end(), wanted.begin(), [](unsigned char c) { return std::toupper(c); });
+  const std::vector<std::string> usable = cpu_capabilities();
+  Capability result = Capability::DEFAULT;
+  if (wanted.empty()) {
+    for (const Level& level : levels()) {
+      if (std::find(usable.begin(), usable.end(), level.name) != usable.end()) result = level.capability;
+    }
+  } else {
+    auto it = std::find_if(levels().begin(), levels().end(), [&](const Level& l) { return wanted == l.name; });
+    TORCH_CHECK(it != levels().end(), "fuel_torch: FUEL_CPU_CAPABILITY=", env,
+                " is not a level; use one of DEFAULT, AVX2, AVX512, or unset it to use the best level this CPU "
+                "supports (here: ", usable.back(), ")");
+    TORCH_CHECK(it->built, "fuel_torch: FUEL_CPU_CAPABILITY=", env, " asks for ", it->name,
+                " kernels, which this build does not have (the compiler that built it could not target ",
+                it->name, "); levels built: ", join(built_capabilities()),
+                ". Unset FUEL_CPU_CAPABILITY or choose one of: ", join(usable));
+    const std::vector<std::string> missing = missing_features(*it);
+    TORCH_CHECK(missing.empty(), "fuel_torch: FUEL_CPU_CAPABILITY=", env, " asks for ", it->name,
+                " kernels, but this CPU lacks ", join(missing),
+                " (running them would crash with an illegal instruction). Levels this CPU supports: ", join(usable),
+                ". Unset FUEL_CPU_CAPABILITY or choose one of those.");
+    result = it->capability;
+  }
+  chosen.store(static_cast<int>(result));
+  return result;
+}
+
+Capability capability() {
+  const int level = chosen.load(std::memory_order_relaxed);
+  return level == kUnchosen ? choose_capability() : static_cast<Capability>(level);
+}
+
+void bind_cpu_capability(pybind11::module_& m) {
+  m.def("init_cpu_capability", [] { return std::string(capability_name(choose_capability())); },
+        "Chooses the kernels' instruction-set level from the CPU and FUEL_CPU_CAPABILITY; raises if the "
+        "variable asks for a level that is unknown, not built or beyond this CPU.");
+  m.def("cpu_capability", [] { return std::string(capability_name(capability())); },
+        "The instruction-set level the kernels run at.");
+  m.def("built_capabilities", &built_capabilities, "Levels compiled into this build.");
+  m.def("cpu_capabilities", &cpu_capabilities, "Levels this build has and this CPU supports.");
+}
+
+}  // namespace fuel

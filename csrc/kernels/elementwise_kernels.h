@@ -1,0 +1,22 @@
+// The elementwise family's kernel table: one function per (op, dtype), compiled once per
+// instruction-set level (see ../dispatch.h). Shared by the kernel sources and csrc/elementwise.cpp.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+namespace fuel {
+
+// Table order of the ops; the dtypes go float, double, BFloat16, Half (kernel_dtype_slot).
+enum class BinaryOp : int { add, sub, mul, div, maximum, minimum, pow, rem };
+constexpr int kBinaryOps = 8;
+constexpr int kKernelDtypes = 4;
+
+// out[i] = op(lhs[i], rhs[i]) for i in [0, n); the three buffers hold n elements of the slot's dtype.
+using BinaryKernel = void (*)(const void* lhs, const void* rhs, void* out, int64_t n);
+
+struct BinaryKernels {
+  std::array<std::array<BinaryKernel, kKernelDtypes>, kBinaryOps> kernel;
+};
+
+}  // namespace fuel

@@ -1,0 +1,39 @@
+"""The instruction-set level fuel's kernels run at.
+
+The kernels are compiled once per level (DEFAULT: baseline x86-64, AVX2, AVX512; see setup.py and
+csrc/dispatch.h). At import the best level this build has and this CPU supports is chosen, or the
+one the environment variable FUEL_CPU_CAPABILITY names (DEFAULT, AVX2 or AVX512): a level the CPU
+or the build lacks is refused at import, with the reason, rather than crashing later on an illegal
+instruction.
+"""
+from __future__ import annotations
+
+from . import _C
+
+LEVELS = ("DEFAULT", "AVX2", "AVX512")
+
+
+def cpu_capability() -> str:
+    """The level the kernels run at: "DEFAULT", "AVX2" or "AVX512"."""
+    return _C.cpu_capability()
+
+
+def supported_capabilities() -> list[str]:
+    """Levels this build has and this CPU supports, lowest first (FUEL_CPU_CAPABILITY may name any)."""
+    return list(_C.cpu_capabilities())
+
+
+def built_capabilities() -> list[str]:
+    """Levels compiled into this build (the compiler that built it may lack one)."""
+    return list(_C.built_capabilities())
+
+
+def choose() -> str:
+    """Chooses the level from the CPU and FUEL_CPU_CAPABILITY (done at import)."""
+    try:
+        return _C.init_cpu_capability()
+    except RuntimeError as error:
+        raise ImportError(str(error).splitlines()[0]) from None
+
+
+choose()
