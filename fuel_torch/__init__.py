@@ -3,6 +3,8 @@
 Importing the package registers torch.ops.fuel.* (the C++ kernels), installs the rules parsed
 from the shipped FKC contracts into them, and registers the fake kernels torch.compile uses.
 """
+from importlib import metadata as _metadata
+
 import torch
 
 from . import _C  # noqa: F401  (loading the library registers the ops)
@@ -21,6 +23,12 @@ maximum, minimum, pow, rem = (elementwise.API[op] for op in ("maximum", "minimum
 conv2d, conv_transpose2d = convolution.conv2d, convolution.conv_transpose2d
 from .costmodel import cost  # noqa: E402  (predicted cost of a call; calibrated by `python -m fuel_torch judge`)
 from .planner import plan_report  # noqa: E402  (torch.compile backends "fuel" and "fuel_inductor")
+from . import autocast_policy  # noqa: E402,F401  (torch's CPU autocast behaviour for the fuel ops)
+
+try:
+    __version__ = _metadata.version("fuel-torch")
+except _metadata.PackageNotFoundError:  # a source tree on sys.path, never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "Contract", "ContractFormatError", "ContractSet", "ContractViolation", "contract", "installed",

@@ -5,6 +5,14 @@ kernels), the fake kernels torch.compile traces with, and the Python API that ap
 policy. The geometry checks are the Python twin of validate() in csrc/convolution.cpp: the same
 checks in the same order with the same messages (a test compares them), written so that they also
 run on symbolic sizes.
+
+Symbolic sizes (torch.compile(dynamic=True), torch.export with a Dim): the int64 overflow and
+physical-memory checks never become guards. They fire only where the shape environment proves them
+broken; otherwise the C++ kernel checks the real sizes on every call. (A guard such as `batch * 32 * 8 * 8 * 4 <= physical
+memory` would bound the batch of every compiled or exported program: torch.export refuses such a
+bound on an open Dim.) The geometry constraints proper (the kernel fits, a transposed output of at
+least 1) and the channel checks are decided as torch's conv decides them: a guard on a size with a
+hint, a runtime assertion on a data-dependent one.
 """
 from __future__ import annotations
 
@@ -13,6 +21,7 @@ from typing import Sequence
 
 import torch
 import torch.nn.functional as F
+from torch.fx.experimental.symbolic_shapes import guard_or_true, statically_known_true, sym_or
 
 from . import enforce, layout, reference
 from .contracts import Contract, installed
@@ -35,6 +44,30 @@ TRANSPOSE_OUTPUT_SIZE = ("shape_constraint: (x.dim[2 + i] - 1) * stride[i] - 2 *
                          "(weight.dim[2 + i] - 1) + output_padding[i] + 1 >= 1")
 
 
+def _surely(condition) -> bool:
+    """True where `condition` certainly holds: a plain bool, or a symbolic one proved without a guard."""
+    return condition if isinstance(condition, bool) else statically_known_true(condition)
+
+
+def _beyond_int64(value) -> bool:
+    """Whether `value` certainly overflows int64 (symbolic values: only where provable without a guard; the
+    C++ kernel checks the real sizes)."""
+    if isinstance(value, int):
+        return value > INT64_MAX or value < INT64_MIN
+    return statically_known_true(sym_or(value > INT64_MAX, value < INT64_MIN))
+
+
+def _holds(requirement) -> bool:
+    """Whether the call meets a geometry requirement, decided as torch's conv meta function decides it: a guard on
+    sizes with a hint (the same guard torch's conv adds), a runtime assertion on data-dependent ones."""
+    if isinstance(requirement, bool):
+        return requirement
+    if not guard_or_true(requirement):
+        return False
+    torch._check(requirement)
+    return True
+
+
 def physical_memory() -> int:
     """What csrc/convolution.cpp compares an output against: sysconf's physical pages."""
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -52,7 +85,7 @@ class _Checker:
 
     def mul(self, a, b, arg: str, expr: str, context: str):
         product = a * b
-        if product > INT64_MAX or product < INT64_MIN:
+        if _beyond_int64(product):
             self.overflow(arg, expr, context)
         return product
 
@@ -125,9 +158,9 @@ def output_shape(rule: Contract, x: torch.Tensor, weight: torch.Tensor, bias: to
         reach = c.mul(dilation[i], kernel - 1, "dilation", f"dilation{k} * (weight.dim{d} - 1)", f"{ws}, {ds}")
         if not transpose:
             padded = size_in + twice_pad
-            if padded > INT64_MAX:
+            if _beyond_int64(padded):
                 c.overflow("padding", f"x.dim{d} + 2 * padding{k}", f"{xs}, {ps}")
-            if reach + 1 > padded:
+            if not _holds(reach + 1 <= padded):
                 c.fail("weight", CONV2D_KERNEL_FITS,
                        f"i = {i}: {dilation[i]} * ({kernel} - 1) + 1 > {size_in} + 2 * {padding[i]}",
                        "use a smaller kernel or dilation, or more padding")
@@ -135,11 +168,11 @@ def output_shape(rule: Contract, x: torch.Tensor, weight: torch.Tensor, bias: to
         else:
             spread = c.mul(size_in - 1, stride[i], "stride", f"(x.dim{d} - 1) * stride{k}", f"{xs}, {ss}")
             size = spread - twice_pad + reach + output_padding[i] + 1
-            if size > INT64_MAX:
+            if _beyond_int64(size):
                 c.overflow("x", f"(x.dim{d} - 1) * stride{k} - 2 * padding{k} + dilation{k} * (weight.dim{d} - 1) "
                                 f"+ output_padding{k} + 1",
                            f"{xs}, {ws}, {ss}, {ps}, {ds}, output_padding {s(output_padding)}")
-            if size < 1:
+            if not _holds(size >= 1):
                 c.fail("x", TRANSPOSE_OUTPUT_SIZE,
                        f"i = {i}: ({size_in} - 1) * {stride[i]} - 2 * {padding[i]} + {dilation[i]} * ({kernel} - 1) + "
                        f"{output_padding[i]} + 1 = {size}",
@@ -154,13 +187,13 @@ def check_allocation(rule: Contract, shape: Sequence, dtype: torch.dtype) -> Non
     c = _Checker(rule)
     extent = dtype.itemsize
     for size in shape:
-        extent = extent * max(size, 1)
+        extent = extent * torch.sym_max(size, 1)
     what = f"out shape {enforce.shape_str(shape)} of {enforce.dtype_str(dtype)}: "
-    if extent > INT64_MAX:
+    if _beyond_int64(extent):
         c.fail("out", ALLOCATION, what + "strides or byte size beyond int64", "use smaller sizes, or split the batch")
     nbytes = shape[0] * shape[1] * shape[2] * shape[3] * dtype.itemsize
     physical = physical_memory()
-    if nbytes > physical:
+    if _surely(nbytes > physical):
         c.fail("out", ALLOCATION, what + f"{nbytes} bytes, physical memory {physical} bytes",
                "use smaller sizes, or split the batch")
 
@@ -206,6 +239,19 @@ def _register_fakes() -> None:
 
 
 _register_fakes()
+
+
+def _refuse_string_padding(x, weight, bias=None, stride=(1, 1), padding="valid", dilation=(1, 1), groups=1):
+    raise TypeError(
+        f"fuel::conv2d: argument 'padding' is the string {padding!r}, but the raw op takes int[2] padding (its strict "
+        f"schema). Fix: call fuel_torch.conv2d(x, weight, bias, stride, padding={padding!r}, ...), which takes "
+        f"torch.nn.functional.conv2d's arguments and turns 'valid' / 'same' into numbers, or pass the padding as ints.")
+
+
+# The kernel of fuel::conv2d.padding (csrc/schemas.cpp), an overload that exists only to give this refusal:
+# registered for every backend at once, so eager calls, fake tensors and tracing see the same error.
+_REFUSALS = torch.library.Library("fuel", "IMPL")
+_REFUSALS.impl("conv2d.padding", _refuse_string_padding, "CompositeImplicitAutograd")
 
 
 def _pair(value, name: str, api: str) -> list:

@@ -74,6 +74,11 @@ class Conv2d(torch.nn.Conv2d):
         if reason:
             raise ValueError(f"fuel_torch.nn.Conv2d: {reason}. Use torch.nn.Conv2d for this configuration.")
 
+    def _get_name(self) -> str:
+        # The name repr() prints: `fuel.Conv2d(16, 32, kernel_size=(3, 3), ...)` tells a printed model's fuel
+        # modules from torch's.
+        return "fuel.Conv2d"
+
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         x, unbatched = _batched(input)
         out = torch.ops.fuel.conv2d(x, self.weight, self.bias, self.stride, _padding(self), self.dilation, self.groups)
@@ -90,6 +95,9 @@ class ConvTranspose2d(torch.nn.ConvTranspose2d):
         if reason:
             raise ValueError(f"fuel_torch.nn.ConvTranspose2d: {reason}. Use torch.nn.ConvTranspose2d for this "
                              f"configuration.")
+
+    def _get_name(self) -> str:
+        return "fuel.ConvTranspose2d"
 
     def forward(self, input: torch.Tensor, output_size: list[int] | None = None) -> torch.Tensor:
         # torch's own rule (and error) for turning a requested output_size into output_padding.
@@ -108,14 +116,22 @@ class ConversionWarning(UserWarning):
     """convert() left a convolution on torch (the message says which and why)."""
 
 
+# convert() swaps modules only; what a model's forward computes with plain torch ops is the planner's.
+OTHER_OPS_NOTE = ("convert() swaps Conv2d / ConvTranspose2d modules only: residual adds, activations and every "
+                  "other torch op in forward stay on torch; torch.compile(model, backend=\"fuel\") routes those onto "
+                  "fuel kernels where the contracts allow and it pays")
+
+
 @dataclasses.dataclass
 class ConversionReport:
     converted: list[str]  # qualified module names now running on fuel kernels
     skipped: dict[str, str]  # qualified module name -> why it stays on torch
+    note: str = OTHER_OPS_NOTE
 
     def __str__(self) -> str:
         lines = [f"fuel_torch.nn.convert: {len(self.converted)} converted, {len(self.skipped)} left on torch"]
         lines += [f"  {name or '<root>'}: {reason}" for name, reason in self.skipped.items()]
+        lines.append(f"  note: {self.note}")
         return "\n".join(lines)
 
 
@@ -125,6 +141,8 @@ def convert(model: torch.nn.Module) -> ConversionReport:
     A swapped module keeps its identity: the same object, parameters (so optimizers holding them stay
     valid), buffers, hooks and mode; only its class changes, and the fuel classes add no state. Modules
     fuel cannot serve stay as they are, each with a ConversionWarning and an entry in the returned report.
+    The rest of the model's computation (residual adds, activations: plain torch ops in forward, not modules
+    to swap) stays on torch; `torch.compile(model, backend="fuel")` routes those, and the report says so.
     Subclasses of the torch modules (LazyConv2d, user subclasses with their own forward) are left alone too:
     their forward is not torch's to replace.
     """

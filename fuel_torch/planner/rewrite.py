@@ -137,7 +137,7 @@ def _dim(emit: Emitter, node: torch.fx.Node, i: int) -> Any:
 
 def conv2d_weight_grad(emit: Emitter, x: torch.fx.Node, grad: torch.fx.Node, kernel, stride, padding, dilation,
                        groups: int) -> torch.fx.Node:
-    """d(sum(grad * conv2d(x, w)))/dw as one fuel conv2d, the formula of fuel_torch.autograd._conv2d_weight_grad
+    """d(sum(grad * conv2d(x, w)))/dw as one fuel conv2d, the formula csrc/autograd.cpp uses
     written as graph nodes: the batch becomes the reduction (x arranged [Cin/groups, groups*N, H, W], grad
     arranged [Cout, N, Ho, Wo], grouped by the conv's groups), stride and dilation trade places, and the
     result is cut to the kernel's size. -1 stands for the (possibly symbolic) batch in every reshape."""
@@ -154,7 +154,7 @@ def conv2d_weight_grad(emit: Emitter, x: torch.fx.Node, grad: torch.fx.Node, ker
 
 
 def convolution_backward(emit: Emitter, node: torch.fx.Node, match: Match) -> dict[int, torch.fx.Node]:
-    """aten.convolution_backward split as fuel_torch.autograd computes it: the input gradient is the other
+    """aten.convolution_backward split as csrc/autograd.cpp computes it: the input gradient is the other
     convolution, the weight gradient one fuel conv2d (conv2d_weight_grad), the bias gradient a sum (torch's)."""
     grad, x, weight = (materialize(emit, o, match.out, []) for o in match.operands)
     p = match.params
