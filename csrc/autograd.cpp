@@ -280,12 +280,17 @@ struct ConvTranspose2d {
 // "in range" of the swapped conv): keep the first kh x kw.
 Tensor conv2d_weight_grad(const Tensor& x, const Tensor& grad_out, const c10::SymInt& kh, const c10::SymInt& kw,
                           at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups) {
-  const auto n = x.sym_size(0), c_in = x.sym_size(1), h = x.sym_size(2), w = x.sym_size(3);
+  const auto n = x.sym_size(0), c_in = x.sym_size(1);
   const auto c_out = grad_out.sym_size(1);
   if (n == 0) return at::zeros_symint({c_out, c_in / groups, kh, kw}, x.options());
-  const Tensor xs = x.reshape_symint({n, groups, c_in / groups, h, w})
-                        .permute({2, 1, 0, 3, 4})
-                        .reshape_symint({c_in / groups, n * groups, h, w});
+  // Built with cat rather than as a reshape-permute-reshape view: inductor (torch 2.13) crashes on a
+  // view with symbolic strides that the partitioner saves from the forward graph (dynamic=True training).
+  Tensor xs = x.transpose(0, 1);
+  if (groups > 1) {
+    std::vector<Tensor> per_group;
+    for (const Tensor& part : x.chunk(groups, 1)) per_group.push_back(part.transpose(0, 1));
+    xs = at::cat(per_group, 1);
+  }
   const Tensor gs = grad_out.transpose(0, 1);
   const Tensor full = fuel_conv2d(dense(xs), dense(gs), dilation, padding, stride, groups);
   return full.slice_symint(2, 0, kh).slice_symint(3, 0, kw).transpose(0, 1).contiguous();

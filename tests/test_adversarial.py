@@ -446,8 +446,6 @@ def _rules_without_same_as(start: int) -> None:
         print(json.dumps(record), flush=True)
 
 
-@pytest.mark.xfail(strict=True, reason="kernel-side size checks (issue 'Speed I' item 5) land on branch isa: "
-                                       "remove this marker when merging it")
 def test_rules_without_same_as_give_an_error_never_a_crash():
     outcomes, crashes = run_batch("_rules_without_same_as")
     assert not crashes, "\n".join(crashes)

@@ -78,12 +78,6 @@ def test_the_issue_model_compiles_dynamic_for_inference():
             assert torch.equal(compiled(x), model(x))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "torch 2.13 inductor crashes (ValueRangeError: Invalid ranges [0:-1], in ir._stride_expr_ge_or_false) on a "
-    "graph output that is a view with symbolic strides. The view is the grouped conv2d weight gradient's "
-    "rearranged input (x.reshape(...).permute(...).reshape(...) in fuel_torch/autograd.py::_conv2d_weight_grad), "
-    "which the partitioner saves from the forward graph. Building it as torch.cat of the per-group transposes "
-    "(not a view) fixes it; that file belongs to the autograd work. Remove this mark when it lands."))
 def test_the_issue_model_compiles_dynamic_for_training():
     model = issue_model()
     torch._dynamo.reset()
