@@ -31,8 +31,9 @@ void check_buffers(const char* op, const at::Tensor& lhs, const at::Tensor& rhs,
   const char* names[] = {"lhs", "rhs", "out"};
   for (int i = 0; i < 3; ++i) {
     const at::Tensor& t = *buffers[i];
+    // An empty tensor is never touched, so its strides and offset cannot matter.
     TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == lhs.scalar_type() && t.numel() == lhs.numel() &&
-                    t.is_contiguous() && t.storage_offset() == 0,
+                    (t.numel() == 0 || (t.is_contiguous() && t.storage_offset() == 0)),
                 "fuel::", op, ": the kernel refuses argument '", names[i], "' (", t.scalar_type(), ", shape ",
                 t.sizes(), ", strides ", t.strides(), ", storage offset ", t.storage_offset(), ", device ",
                 t.device(), ") next to lhs (", lhs.scalar_type(), ", shape ", lhs.sizes(),

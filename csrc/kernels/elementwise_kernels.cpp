@@ -12,8 +12,12 @@
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
 #include <limits>
+#include <utility>
 
 #include "elementwise_kernels.h"
 
@@ -35,6 +39,70 @@ struct Mul {
 struct Div {
   template <typename V> static V apply(const V& a, const V& b) { return a / b; }
 };
+// ---------------------------------------------------------------------------------------------
+// pow. float (and the halves, which widen to float) is ours: exp2(y * log2|x|) evaluated in double,
+// within 2e-8 relative of the exact power before its one rounding to float (a float ulp is at
+// least 6e-8 relative), so the result is within 1 ulp of the correctly rounded one; the special cases are set
+// exactly as C99 defines them. double keeps Sleef's u10 pow (ATen's Vectorized<double>::pow).
+
+// Lane reinterpretation and float <-> double conversion, which Vectorized has no cheap portable
+// form of; each level spells them with its own instructions.
+#if defined(CPU_CAPABILITY_AVX512)
+inline Vectorized<int32_t> bits_of(const Vectorized<float>& v) { return _mm512_castps_si512(v); }
+inline Vectorized<float> float_from_bits(const Vectorized<int32_t>& v) { return _mm512_castsi512_ps(v); }
+inline Vectorized<int64_t> bits_of(const Vectorized<double>& v) { return _mm512_castpd_si512(v); }
+inline Vectorized<double> double_from_bits(const Vectorized<int64_t>& v) { return _mm512_castsi512_pd(v); }
+inline std::pair<Vectorized<double>, Vectorized<double>> to_double(const Vectorized<float>& v) {
+  const __m512 f = v;
+  return {_mm512_cvtps_pd(_mm512_castps512_ps256(f)), _mm512_cvtps_pd(_mm512_extractf32x8_ps(f, 1))};
+}
+inline Vectorized<float> to_float(const Vectorized<double>& lo, const Vectorized<double>& hi) {
+  return _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(lo)), _mm512_cvtpd_ps(hi), 1);
+}
+#elif defined(CPU_CAPABILITY_AVX2)
+inline Vectorized<int32_t> bits_of(const Vectorized<float>& v) { return _mm256_castps_si256(v); }
+inline Vectorized<float> float_from_bits(const Vectorized<int32_t>& v) { return _mm256_castsi256_ps(v); }
+inline Vectorized<int64_t> bits_of(const Vectorized<double>& v) { return _mm256_castpd_si256(v); }
+inline Vectorized<double> double_from_bits(const Vectorized<int64_t>& v) { return _mm256_castsi256_pd(v); }
+inline std::pair<Vectorized<double>, Vectorized<double>> to_double(const Vectorized<float>& v) {
+  const __m256 f = v;
+  return {_mm256_cvtps_pd(_mm256_castps256_ps128(f)), _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1))};
+}
+inline Vectorized<float> to_float(const Vectorized<double>& lo, const Vectorized<double>& hi) {
+  return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm256_cvtpd_ps(lo)), _mm256_cvtpd_ps(hi), 1);
+}
+#else
+template <typename To, typename From>
+Vectorized<To> reinterpret(const Vectorized<From>& v) {
+  static_assert(sizeof(Vectorized<To>) == sizeof(Vectorized<From>));
+  __at_align__ From buffer[Vectorized<From>::size()];
+  v.store(buffer);
+  return Vectorized<To>::loadu(buffer);
+}
+inline Vectorized<int32_t> bits_of(const Vectorized<float>& v) { return reinterpret<int32_t>(v); }
+inline Vectorized<float> float_from_bits(const Vectorized<int32_t>& v) { return reinterpret<float>(v); }
+inline Vectorized<int64_t> bits_of(const Vectorized<double>& v) { return reinterpret<int64_t>(v); }
+inline Vectorized<double> double_from_bits(const Vectorized<int64_t>& v) { return reinterpret<double>(v); }
+inline std::pair<Vectorized<double>, Vectorized<double>> to_double(const Vectorized<float>& v) {
+  constexpr int D = Vectorized<double>::size();
+  static_assert(Vectorized<float>::size() == 2 * D);
+  __at_align__ float f[2 * D];
+  __at_align__ double lo[D], hi[D];
+  v.store(f);
+  for (int i = 0; i < D; ++i) lo[i] = f[i], hi[i] = f[D + i];
+  return {Vectorized<double>::loadu(lo), Vectorized<double>::loadu(hi)};
+}
+inline Vectorized<float> to_float(const Vectorized<double>& lo, const Vectorized<double>& hi) {
+  constexpr int D = Vectorized<double>::size();
+  __at_align__ double l[D], h[D];
+  __at_align__ float f[2 * D];
+  lo.store(l);
+  hi.store(h);
+  for (int i = 0; i < D; ++i) f[i] = static_cast<float>(l[i]), f[D + i] = static_cast<float>(h[i]);
+  return Vectorized<float>::loadu(f);
+}
+#endif
+
 // C99 makes these 1 even for a NaN operand (signalling ones included, which the DEFAULT level's
 // std::pow turns into NaN): a zero exponent, a base of 1, and -1 to an infinite power.
 template <typename V>
@@ -42,6 +110,70 @@ V c99_ones(const V& a, const V& b, const V& power) {
   using T = typename V::value_type;
   const V one(1), inf(std::numeric_limits<T>::infinity());
   return V::blendv(power, one, (b == V(0)) | (a == one) | ((a == V(-1)) & (b.abs() == inf)));
+}
+
+// 2^(y * (k + log2 z)) in double, for z in [sqrt(1/2), sqrt(2)) and integer k.
+inline Vectorized<double> exp2_of_product(const Vectorized<double>& z, const Vectorized<double>& k,
+                                          const Vectorized<double>& y) {
+  using VD = Vectorized<double>;
+  // log2 z = s * P(s^2) with s = (z - 1) / (z + 1), |s| <= 0.1716: the series 2 atanh(s) / ln 2
+  // up to s^11, relative error below 1e-10 (error in y * log2|x| below 2e-8 where the result is
+  // finite and not 0 in float, |y * log2|x|| < 150).
+  static constexpr double kLog2Series[] = {2.8853900817779268, 0.96179669392597560, 0.57707801635558536,
+                                           0.41219858311113240, 0.32059889797532520, 0.26230818925253880};
+  const VD s = (z - VD(1.0)) / (z + VD(1.0));
+  const VD w = s * s;
+  VD p(kLog2Series[5]);
+  for (int i = 4; i >= 0; --i) p = at::vec::fmadd(p, w, VD(kLog2Series[i]));
+  // Clamped far outside float's range (2^+-400 stays normal in double), so that 2^k is built
+  // exactly; a NaN here (0 * inf) only arises where pow_float sets the result itself.
+  const VD t = at::vec::clamp(y * at::vec::fmadd(s, p, k), VD(-400.0), VD(400.0));
+  // t = n + f, n integer (round to nearest by the 1.5 * 2^52 shift), |f| <= 1/2; 2^f by its Taylor
+  // series to f^7 (relative error below 6e-9), 2^n from n's bits, which the shift left in place.
+  static constexpr double kExp2Series[] = {1.0, 0.69314718055994531, 0.24022650695910071,
+                                           0.055504108664821580, 0.0096181291076284772, 0.0013333558146428443,
+                                           0.00015403530393381610, 1.5252733804059840e-05};
+  const VD shifted = t + VD(0x1.8p52);
+  const VD f = t - (shifted - VD(0x1.8p52));
+  VD q(kExp2Series[7]);
+  for (int i = 6; i >= 0; --i) q = at::vec::fmadd(q, f, VD(kExp2Series[i]));
+  const Vectorized<int64_t> exponent = bits_of(shifted) << Vectorized<int64_t>(52);
+  return q * double_from_bits(exponent + Vectorized<int64_t>(0x3ff0000000000000LL));
+}
+
+inline Vectorized<float> pow_float(const Vectorized<float>& x, const Vectorized<float>& y) {
+  using VF = Vectorized<float>;
+  using VI = Vectorized<int32_t>;
+  const VF zero(0.f), inf(std::numeric_limits<float>::infinity());
+  const VF ax = x.abs();
+  // |x| = 2^k * z with z in [sqrt(1/2), sqrt(2)), exactly, by the bits; subnormals are first
+  // scaled by 2^23 into the normal range.
+  const VF subnormal = ax < VF(std::numeric_limits<float>::min());
+  const VI ix = bits_of(VF::blendv(ax, ax * VF(8388608.f), subnormal));
+  const VI k = (ix - VI(0x3f3504f3)) >> VI(23);  // 0x3f3504f3: float(sqrt(1/2))
+  const VF z = float_from_bits(ix - (k << VI(23)));
+  const VF kf = at::vec::convert<float>(k) - (subnormal & VF(23.f));
+  const auto [z_lo, z_hi] = to_double(z);
+  const auto [k_lo, k_hi] = to_double(kf);
+  const auto [y_lo, y_hi] = to_double(y);
+  VF result = to_float(exp2_of_product(z_lo, k_lo, y_lo), exp2_of_product(z_hi, k_hi, y_hi));
+  // Positive finite bases with finite exponents need no special case (NaNs fail the comparisons).
+  if (((x > zero) & (x < inf) & (y.abs() < inf)).zero_mask() == 0) return result;
+
+  // C99's special cases. A negative base to an odd integer power is negative (zeros and
+  // infinities included); the exponent's half is an integer for even and infinite ones.
+  const VF not_integer = y.trunc() != y;
+  const VF half = y * VF(0.5f);
+  const VF odd_sign = (x & VF(-0.f)) & (half.trunc() != half) & (y.trunc() == y);
+  result = result | odd_sign;
+  // Zero and infinite bases: +-0 ** y is inf for y < 0, 0 for y > 0; +-inf ** y the reverse.
+  const VF x_zero = ax == zero, x_inf = ax == inf;
+  const VF to_inf = (x_zero & (y < zero)) | (x_inf & (y > zero));
+  result = VF::blendv(result, (inf & to_inf) | odd_sign, x_zero | x_inf);
+  // NaN for a NaN operand and for a finite negative base to a non-integer power ...
+  const VF nan = (x != x) | (y != y) | ((x < zero) & (ax != inf) & not_integer);
+  result = VF::blendv(result, VF(std::numeric_limits<float>::quiet_NaN()), nan);
+  return c99_ones(x, y, result);  // ... except where C99 says 1
 }
 
 // The DEFAULT level has no vector pow of its own (ATen's generic one is std::pow per lane, which
@@ -60,11 +192,15 @@ V pow_per_lane(const V& a, const V& b) {
 
 struct Pow {
   template <typename V> static V apply(const V& a, const V& b) {
+    if constexpr (std::is_same_v<V, Vectorized<float>>) {
+      return pow_float(a, b);
+    } else {
 #if defined(CPU_CAPABILITY_DEFAULT)
-    return c99_ones(a, b, pow_per_lane(a, b));
+      return c99_ones(a, b, pow_per_lane(a, b));
 #else
-    return c99_ones(a, b, a.pow(b));
+      return c99_ones(a, b, a.pow(b));
 #endif
+    }
   }
 };
 // fmod, exactly (as C's fmod is), in vector code. Sleef's vector fmod returns NaN once |a/b|
@@ -129,39 +265,104 @@ struct is_selection<Op, std::void_t<decltype(&Op::template take_rhs<Vectorized<f
 template <typename scalar_t>
 constexpr bool is_half = std::is_same_v<scalar_t, at::BFloat16> || std::is_same_v<scalar_t, at::Half>;
 
-// One block of up to Vectorized<scalar_t>::size() elements; count < size() only at a chunk's end.
+// op(a, b) for one vector of operands. Body and tail go through this same function (the tail's
+// unused lanes hold zeros and are never stored), so out[i] depends on lhs[i] and rhs[i] alone.
 template <typename scalar_t, typename Op>
-inline void apply_block(const scalar_t* lhs, const scalar_t* rhs, scalar_t* out, int64_t count) {
+inline Vectorized<scalar_t> compute(const Vectorized<scalar_t>& a, const Vectorized<scalar_t>& b) {
   using Vec = Vectorized<scalar_t>;
-  const Vec a = Vec::loadu(lhs, count), b = Vec::loadu(rhs, count);
   if constexpr (is_selection<Op>::value) {
     // The choice is made on the stored operands, halves included (their vector comparisons run in
     // float and give 16-bit lane masks), so a chosen NaN keeps its payload.
-    Vec::blendv(a, b, Op::take_rhs(a, b)).store(out, count);
+    return Vec::blendv(a, b, Op::take_rhs(a, b));
   } else if constexpr (is_half<scalar_t>) {
     auto [a_lo, a_hi] = at::vec::convert_to_float<scalar_t>(a);
     auto [b_lo, b_hi] = at::vec::convert_to_float<scalar_t>(b);
-    at::vec::convert_from_float<scalar_t>(Op::apply(a_lo, b_lo), Op::apply(a_hi, b_hi)).store(out, count);
+    return at::vec::convert_from_float<scalar_t>(Op::apply(a_lo, b_lo), Op::apply(a_hi, b_hi));
   } else {
-    Op::apply(a, b).store(out, count);
+    return Op::apply(a, b);
   }
 }
 
-constexpr int64_t kGrain = 32768;  // elements per thread at least (TensorIterator's GRAIN_SIZE)
+// Non-temporal stores write around the caches: for an output larger than the last-level cache
+// they save the read for ownership of every output line and keep the operands from being
+// evicted by it. Smaller outputs are better left in cache for whoever reads them next.
+#if defined(CPU_CAPABILITY_AVX512)
+inline void stream(void* p, __m512 v) { _mm512_stream_ps(static_cast<float*>(p), v); }
+inline void stream(void* p, __m512d v) { _mm512_stream_pd(static_cast<double*>(p), v); }
+inline void stream(void* p, __m512i v) { _mm512_stream_si512(static_cast<__m512i*>(p), v); }
+constexpr bool kCanStream = true;
+#elif defined(CPU_CAPABILITY_AVX2)
+inline void stream(void* p, __m256 v) { _mm256_stream_ps(static_cast<float*>(p), v); }
+inline void stream(void* p, __m256d v) { _mm256_stream_pd(static_cast<double*>(p), v); }
+inline void stream(void* p, __m256i v) { _mm256_stream_si256(static_cast<__m256i*>(p), v); }
+constexpr bool kCanStream = true;
+#else
+template <typename V> inline void stream(void* p, const V& v) { v.store(p); }
+constexpr bool kCanStream = false;
+#endif
+
+// The last-level cache of the CPU running this: Linux's cache description of CPU 0 (per cache
+// instance: glibc's sysconf counts every instance of an AMD L3), else sysconf, else 32 MiB.
+inline int64_t last_level_cache_bytes() {
+  static const int64_t bytes = [] {
+    for (const char* path : {"/sys/devices/system/cpu/cpu0/cache/index3/size",
+                             "/sys/devices/system/cpu/cpu0/cache/index2/size"}) {
+      if (FILE* f = std::fopen(path, "r")) {
+        long kib = 0;
+        const bool ok = std::fscanf(f, "%ldK", &kib) == 1 && kib > 0;
+        std::fclose(f);
+        if (ok) return static_cast<int64_t>(kib) * 1024;
+      }
+    }
+    const long size = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    return size > 0 ? static_cast<int64_t>(size) : int64_t(32) << 20;
+  }();
+  return bytes;
+}
+
+// out[i] = op(lhs[i], rhs[i]) for i in [begin, end): whole vectors, then the tail as one partial
+// vector (masked load and store where the level has them).
+template <typename scalar_t, typename Op, bool kStreaming>
+void run_range(const scalar_t* lhs, const scalar_t* rhs, scalar_t* out, int64_t begin, int64_t end) {
+  using Vec = Vectorized<scalar_t>;
+  constexpr int64_t V = Vec::size();
+  int64_t i = begin;
+  for (; i + V <= end; i += V) {
+    const Vec result = compute<scalar_t, Op>(Vec::loadu(lhs + i), Vec::loadu(rhs + i));
+    if constexpr (kStreaming) {
+      stream(out + i, result);
+    } else {
+      result.store(out + i);
+    }
+  }
+  if (i < end) {
+    const int64_t count = end - i;
+    compute<scalar_t, Op>(Vec::loadu(lhs + i, count), Vec::loadu(rhs + i, count)).store(out + i, count);
+  }
+  if constexpr (kStreaming) _mm_sfence();  // streamed lines are visible before the threads join
+}
+
+// Threads only for calls long enough to repay waking them (measured: benchmarks/bench_elementwise.py
+// at 16K..256K elements, 1 vs 2 threads); chunks start on whole vectors so that no split adds
+// partial vectors.
+constexpr int64_t kGrainBytes = 1 << 17;
 
 template <typename scalar_t, typename Op>
 void binary_kernel(const void* lhs_data, const void* rhs_data, void* out_data, int64_t n) {
   const auto* lhs = static_cast<const scalar_t*>(lhs_data);
   const auto* rhs = static_cast<const scalar_t*>(rhs_data);
   auto* out = static_cast<scalar_t*>(out_data);
-  constexpr int64_t step = Vectorized<scalar_t>::size();
-  // Chunks start on multiples of `step` so that no thread split creates extra partial blocks
-  // (they would give the same bits, but cost time).
-  at::parallel_for(0, (n + step - 1) / step, kGrain / step, [&](int64_t first, int64_t last) {
-    for (int64_t block = first; block < last; ++block) {
-      const int64_t i = block * step;
-      apply_block<scalar_t, Op>(lhs + i, rhs + i, out + i, std::min(step, n - i));
-    }
+  constexpr int64_t V = Vectorized<scalar_t>::size();
+  constexpr int64_t grain = std::max<int64_t>(V, kGrainBytes / static_cast<int64_t>(sizeof(scalar_t)) / V * V);
+  const bool streaming = kCanStream && n * static_cast<int64_t>(sizeof(scalar_t)) > last_level_cache_bytes() &&
+                         reinterpret_cast<uintptr_t>(out) % sizeof(Vectorized<scalar_t>) == 0;
+  const auto range = streaming ? run_range<scalar_t, Op, true> : run_range<scalar_t, Op, false>;
+  if (n <= grain) {
+    range(lhs, rhs, out, 0, n);
+    return;
+  }
+  at::parallel_for(0, (n + V - 1) / V, grain / V, [&](int64_t first, int64_t last) {
+    range(lhs, rhs, out, first * V, std::min(n, last * V));
   });
 }
 
