@@ -29,7 +29,10 @@ setup(
     ext_modules=[
         CppExtension(
             name="fuel_torch._C",
-            sources=sorted(os.path.join("csrc", f) for f in os.listdir("csrc") if f.endswith(".cpp")),
+            # csrc/ and each family's folder (csrc/convolution/).
+            sources=sorted(os.path.join(root, f) for root in ("csrc", os.path.join("csrc", "convolution"))
+                           for f in os.listdir(root) if f.endswith(".cpp")),
+            depends=sorted(os.path.join(root, f) for root, _, files in os.walk("csrc") for f in files),
             extra_compile_args=compile_args(),
             extra_link_args=["-fopenmp"],
         )

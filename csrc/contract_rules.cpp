@@ -47,6 +47,26 @@ std::string layout_seen(const at::Tensor& t) {
 
 const char* kLayoutFix = "pass a contiguous zero-offset copy (.contiguous() or .clone()), or call through "
                          "fuel_torch under layout_policy('contiguize')";
+// The fixes where the kernels also read channels_last: the convolutions, whose nn modules apply the
+// policy to their parameters too. Each names only what works for the clause broken: .contiguous()
+// returns an offset tensor unchanged, so an offset needs .clone(). Twins in fuel_torch/enforce.py.
+const char* kLayoutFixChannelsLast =
+    "pass a contiguous or channels_last copy (.contiguous(), .contiguous(memory_format=torch.channels_last) "
+    "or .clone()), or call through the fuel_torch API or a fuel_torch.nn module under layout_policy('contiguize')";
+const char* kOffsetFixChannelsLast =
+    "pass a zero-offset copy (.clone()), or call through the fuel_torch API or a fuel_torch.nn module under "
+    "layout_policy('contiguize')";
+
+// The ops whose kernels read a 4-d channels_last (NHWC) operand in place; twin of
+// READS_CHANNELS_LAST in fuel_torch/enforce.py.
+bool reads_channels_last(const std::string& op) {
+  return op == "conv2d" || op == "conv_transpose2d";
+}
+
+// A 4-d tensor laid out as torch.channels_last (NHWC in memory) and not plain contiguous.
+bool is_channels_last(const at::Tensor& t) {
+  return t.dim() == 4 && !t.is_contiguous() && t.is_contiguous(at::MemoryFormat::ChannelsLast);
+}
 
 // The first layout clause `t` breaks, most specific first; "" when it breaks none. A tensor with
 // no elements has no memory to read, so no layout can be wrong for it (torch calls it contiguous).
@@ -65,6 +85,8 @@ std::string broken_layout_clause(const at::Tensor& t, const std::map<std::string
   if (stride0 && rejects("broadcast_stride0")) return "layout.broadcast_stride0: rejected";
   if (t.storage_offset() != 0 && rejects("start_offset")) return "layout.start_offset: rejected";
   if (!t.is_contiguous()) {
+    auto channels_last = layout.find("channels_last");
+    if (channels_last != layout.end() && channels_last->second == "accepted" && is_channels_last(t)) return "";
     if (rejects("strided")) return "layout.strided: rejected";
     auto it = layout.find("contiguous");
     if (it != layout.end() && it->second == "required") return "layout.contiguous: required";
@@ -74,8 +96,9 @@ std::string broken_layout_clause(const at::Tensor& t, const std::map<std::string
 
 // What the kernels can really read, whatever a contract claims: a contract that accepts more than
 // this (a draft, a typo) must never turn into an out-of-bounds read.
-bool kernel_can_read(const at::Tensor& t) {
-  return t.numel() == 0 || (t.is_contiguous() && t.storage_offset() == 0);
+bool kernel_can_read(const at::Tensor& t, const std::string& op) {
+  const bool dense = t.is_contiguous() || (reads_channels_last(op) && is_channels_last(t));
+  return t.numel() == 0 || (dense && t.storage_offset() == 0);
 }
 
 }  // namespace
@@ -149,8 +172,13 @@ const KernelRule& check_inputs(const std::string& op, const std::vector<const at
            "convert '" + in.name + "' to " + dtype_str(rule->dtype) + " (every tensor of one call has one dtype)");
     }
     std::string clause = broken_layout_clause(*t, in.layout);
-    if (clause.empty() && !kernel_can_read(*t)) clause = "layout.contiguous: required";
-    if (!clause.empty()) fail(op, rule->kernel, in.name, clause, layout_seen(*t), kLayoutFix);
+    if (clause.empty() && !kernel_can_read(*t, op)) clause = "layout.contiguous: required";
+    if (!clause.empty()) {
+      const char* fix = !reads_channels_last(op)                      ? kLayoutFix
+                        : clause == "layout.start_offset: rejected" ? kOffsetFixChannelsLast
+                                                                    : kLayoutFixChannelsLast;
+      fail(op, rule->kernel, in.name, clause, layout_seen(*t), fix);
+    }
     if (in.rank >= 0 && t->dim() != in.rank) {
       fail(op, rule->kernel, in.name, "rank: " + std::to_string(in.rank),
            "rank " + std::to_string(t->dim()) + " (shape " + shape_str(t->sizes()) + ")",
@@ -189,7 +217,7 @@ void check_out(const KernelRule& rule, const at::Tensor& out, c10::ScalarType dt
          "shape " + shape_str(out.sizes()) + ", expected " + shape_str(shape),
          "allocate out with shape " + shape_str(shape) + " (.out never resizes)");
   }
-  if (!kernel_can_read(out)) {
+  if (!kernel_can_read(out, op)) {
     fail(op, rule.kernel, "out", "return.layout_guarantee: " + rule.layout_guarantee, layout_seen(out),
          "pass a fresh contiguous zero-offset tensor as out");
   }
