@@ -77,8 +77,9 @@ setup(
     ext_modules=[
         CppExtension(
             name="fuel_torch._C",
-            sources=sources("csrc"),
-            # Kernel sources and headers are not in `sources`: listed here so editing one relinks.
+            # csrc/ and each family's folder (csrc/convolution/); csrc/kernels/ is built per level above.
+            sources=sources("csrc") + sources(os.path.join("csrc", "convolution")),
+            # Kernel sources and headers are not all in `sources`: listed here so editing one relinks.
             depends=sorted(os.path.join(root, f) for root, _, files in os.walk("csrc") for f in files),
             extra_compile_args=list(COMPILE_ARGS),
             extra_link_args=["-fopenmp"],

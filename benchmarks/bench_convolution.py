@@ -1,83 +1,121 @@
-"""Speed of fuel::conv2d / fuel::conv_transpose2d against torch.nn.functional, as a ratio.
+"""Speed of fuel::conv2d / fuel::conv_transpose2d against torch, as a ratio (issue "Speed II").
 
-    python benchmarks/bench_convolution.py [--repeats 15] [--dtype float32 ...] [--threads N]
+    python benchmarks/bench_convolution.py [--threads 1 2] [--dtype float32 ...] [--repeats 7]
+                                           [--only NAME ...] [--no-training]
 
-For each shape and dtype, the two ops run interleaved (ours, torch, ours, torch, ...) after a
-warm-up; the table shows each side's median and ours / torch (below 1: ours is faster).
+Every row times ours and torch's interleaved in the same run (fuel_torch.timing.interleaved_medians)
+and shows each side's median and ours / torch (below 1: ours is faster). Each table starts with the
+machine line (CPU model, capability levels, threads). Rows: the issue's table (ResNet 3x3, the 7x7/2
+stem forward and its transpose, 1x1, depthwise, grouped), dilated, transposed upsampling (k4 s2), the
+single small conv (call and packing overhead), and a training step: forward + backward (input,
+weight and bias gradients) of a ResNet basic block, our convs through fuel_torch.nn against torch's.
 """
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
 import fuel_torch
+from fuel_torch.timing import interleaved_medians, machine_line
 
 # (name, op, x shape, weight shape, geometry)
 SHAPES = [
-    ("3x3 64->64 56x56 N4", "conv2d", (4, 64, 56, 56), (64, 64, 3, 3), dict(padding=1)),
-    ("7x7/2 stem 3->64 224x224", "conv2d", (1, 3, 224, 224), (64, 3, 7, 7), dict(stride=2, padding=3)),
-    ("1x1 256->128 28x28 N4", "conv2d", (4, 256, 28, 28), (128, 256, 1, 1), dict()),
-    ("3x3/2 128->256 28x28 N4", "conv2d", (4, 128, 28, 28), (256, 128, 3, 3), dict(stride=2, padding=1)),
-    ("depthwise 3x3 128 56x56 N4", "conv2d", (4, 128, 56, 56), (128, 1, 3, 3), dict(padding=1, groups=128)),
-    ("T 4x4/2 64->32 28x28 N4", "conv_transpose2d", (4, 64, 28, 28), (64, 32, 4, 4), dict(stride=2, padding=1)),
-    ("T 3x3 32->32 56x56 N4", "conv_transpose2d", (4, 32, 56, 56), (32, 32, 3, 3), dict(padding=1)),
-    ("T 3x3/2 128->64 14x14 N8", "conv_transpose2d", (8, 128, 14, 14), (128, 64, 3, 3),
-     dict(stride=2, padding=1, output_padding=1)),
+    ("resnet 3x3 (4,64,56x56,64)", "conv2d", (4, 64, 56, 56), (64, 64, 3, 3), dict(padding=1)),
+    ("stem 7x7/2 (2,3,112x112,64)", "conv2d", (2, 3, 112, 112), (64, 3, 7, 7), dict(stride=2, padding=3)),
+    ("stem transpose 7x7/2 (2,64,56x56,3)", "conv_transpose2d", (2, 64, 56, 56), (64, 3, 7, 7),
+     dict(stride=2, padding=3, output_padding=1)),
+    ("1x1 (4,256,28x28,64)", "conv2d", (4, 256, 28, 28), (64, 256, 1, 1), dict()),
+    ("depthwise 3x3 (4,128,56x56,g128)", "conv2d", (4, 128, 56, 56), (128, 1, 3, 3), dict(padding=1, groups=128)),
+    ("grouped 3x3 (4,64,28x28,64,g4)", "conv2d", (4, 64, 28, 28), (64, 16, 3, 3), dict(padding=1, groups=4)),
+    ("dilated 3x3 d2 (4,64,28x28,64)", "conv2d", (4, 64, 28, 28), (64, 64, 3, 3), dict(padding=2, dilation=2)),
+    ("upsample T k4/2 (4,64,28x28,32)", "conv_transpose2d", (4, 64, 28, 28), (64, 32, 4, 4),
+     dict(stride=2, padding=1)),
+    ("small 3x3 (1,32,16x16,32)", "conv2d", (1, 32, 16, 16), (32, 32, 3, 3), dict(padding=1)),
 ]
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+TORCH = {"conv2d": F.conv2d, "conv_transpose2d": F.conv_transpose2d}
 
 
-def seconds(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+def conv_row(op, x_shape, w_shape, geometry, dtype, repeats, generator) -> tuple[float, float]:
+    x = torch.randn(x_shape, generator=generator).to(dtype)
+    w = torch.randn(w_shape, generator=generator).to(dtype)
+    cout = w_shape[0] if op == "conv2d" else w_shape[1] * geometry.get("groups", 1)
+    b = torch.randn(cout, generator=generator).to(dtype)
+    ours, theirs = getattr(fuel_torch, op), TORCH[op]
+    medians = interleaved_medians({"fuel": lambda: ours(x, w, b, **geometry),
+                                   "torch": lambda: theirs(x, w, b, **geometry)}, repeats=repeats)
+    return medians["fuel"], medians["torch"]
 
 
-def measure(op: str, x, w, b, geometry: dict, repeats: int) -> tuple[float, float]:
-    ours = lambda: getattr(fuel_torch, op)(x, w, b, **geometry)  # noqa: E731
-    theirs = lambda: getattr(F, op)(x, w, b, **geometry)  # noqa: E731
-    for fn in (ours, theirs, ours, theirs):
-        fn()
-    ours_t, theirs_t = [], []
-    for _ in range(repeats):
-        ours_t.append(seconds(ours))
-        theirs_t.append(seconds(theirs))
-    return statistics.median(ours_t), statistics.median(theirs_t)
+class BasicBlock(torch.nn.Module):
+    """ResNet's basic block without batch norm (no fuel kernel for it): conv-relu-conv + x, relu."""
+
+    def __init__(self, conv: type, channels: int = 64):
+        super().__init__()
+        self.conv1 = conv(channels, channels, 3, padding=1)
+        self.conv2 = conv(channels, channels, 3, padding=1)
+
+    def forward(self, x):
+        return torch.relu(self.conv2(torch.relu(self.conv1(x))) + x)
+
+
+def training_row(dtype, repeats, generator) -> tuple[float, float]:
+    torch.manual_seed(0)
+    theirs = BasicBlock(torch.nn.Conv2d).to(dtype)
+    ours = BasicBlock(fuel_torch.nn.Conv2d).to(dtype)
+    ours.load_state_dict(theirs.state_dict())
+    x = torch.randn(4, 64, 56, 56, generator=generator).to(dtype)
+
+    def step(model):
+        def run():
+            model.zero_grad(set_to_none=True)
+            model(x).sum().backward()
+        return run
+
+    medians = interleaved_medians({"fuel": step(ours), "torch": step(theirs)}, repeats=repeats)
+    return medians["fuel"], medians["torch"]
+
+
+def print_table(rows) -> None:
+    header = ("case", "dtype", "fuel ms", "torch ms", "fuel/torch")
+    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(5)]
+    for number, row in enumerate([header, *rows]):
+        print("  ".join(str(cell).rjust(width) if i > 1 else str(cell).ljust(width)
+                        for i, (cell, width) in enumerate(zip(row, widths))))
+        if number == 0:
+            print("  ".join("-" * width for width in widths))
+    print(flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--dtype", action="append", choices=list(DTYPES))
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--dtype", nargs="+", choices=list(DTYPES), default=list(DTYPES))
+    parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    parser.add_argument("--only", nargs="+", default=None, help="run only the cases whose name contains one of these")
+    parser.add_argument("--no-training", action="store_true", help="skip the ResNet basic block training step")
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
     generator = torch.Generator().manual_seed(0)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, cpu capability "
-          f"{torch.backends.cpu.get_cpu_capability()}, median of {args.repeats} interleaved runs")
-    rows = [("shape", "dtype", "fuel ms", "torch ms", "fuel/torch")]
-    for dtype_name in args.dtype or list(DTYPES):
-        dtype = DTYPES[dtype_name]
-        for name, op, x_shape, w_shape, geometry in SHAPES:
-            x = torch.randn(x_shape, generator=generator).to(dtype)
-            w = torch.randn(w_shape, generator=generator).to(dtype)
-            cout = w_shape[0] if op == "conv2d" else w_shape[1] * geometry.get("groups", 1)
-            b = torch.randn(cout, generator=generator).to(dtype)
-            ours, theirs = measure(op, x, w, b, geometry, args.repeats)
-            rows.append((name, dtype_name, f"{ours * 1e3:.2f}", f"{theirs * 1e3:.2f}", f"{ours / theirs:.2f}"))
-            print("  ".join(rows[-1]), flush=True)
-    widths = [max(len(row[i]) for row in rows) for i in range(5)]
-    print()
-    for number, row in enumerate(rows):
-        print("  ".join(cell.rjust(width) if i > 1 else cell.ljust(width) for i, (cell, width) in
-                        enumerate(zip(row, widths))))
-        if number == 0:
-            print("  ".join("-" * width for width in widths))
+    wanted = lambda name: args.only is None or any(part in name for part in args.only)  # noqa: E731
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        print(machine_line())
+        print(f"median of {args.repeats} interleaved repeats (fuel_torch.timing.interleaved_medians)")
+        rows = []
+        for dtype_name in args.dtype:
+            dtype = DTYPES[dtype_name]
+            for name, op, x_shape, w_shape, geometry in SHAPES:
+                if not wanted(name):
+                    continue
+                ours, theirs = conv_row(op, x_shape, w_shape, geometry, dtype, args.repeats, generator)
+                rows.append((name, dtype_name, f"{ours * 1e3:.3f}", f"{theirs * 1e3:.3f}", f"{ours / theirs:.2f}"))
+            name = "training: basic block fwd+bwd (4,64,56x56)"
+            if not args.no_training and wanted(name):
+                ours, theirs = training_row(dtype, args.repeats, generator)
+                rows.append((name, dtype_name, f"{ours * 1e3:.3f}", f"{theirs * 1e3:.3f}", f"{ours / theirs:.2f}"))
+        print_table(rows)
 
 
 if __name__ == "__main__":

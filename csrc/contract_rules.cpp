@@ -50,6 +50,26 @@ std::string layout_seen(const at::Tensor& t) {
 
 const char* kLayoutFix = "pass a contiguous zero-offset copy (.contiguous() or .clone()), or call through "
                          "fuel_torch under layout_policy('contiguize')";
+// The fixes where the kernels also read channels_last: the convolutions, whose nn modules apply the
+// policy to their parameters too. Each names only what works for the clause broken: .contiguous()
+// returns an offset tensor unchanged, so an offset needs .clone(). Twins in fuel_torch/enforce.py.
+const char* kLayoutFixChannelsLast =
+    "pass a contiguous or channels_last copy (.contiguous(), .contiguous(memory_format=torch.channels_last) "
+    "or .clone()), or call through the fuel_torch API or a fuel_torch.nn module under layout_policy('contiguize')";
+const char* kOffsetFixChannelsLast =
+    "pass a zero-offset copy (.clone()), or call through the fuel_torch API or a fuel_torch.nn module under "
+    "layout_policy('contiguize')";
+
+// The ops whose kernels read a 4-d channels_last (NHWC) operand in place; twin of
+// READS_CHANNELS_LAST in fuel_torch/enforce.py.
+bool reads_channels_last(std::string_view op) {
+  return op == "conv2d" || op == "conv_transpose2d";
+}
+
+// A 4-d tensor laid out as torch.channels_last (NHWC in memory) and not plain contiguous.
+bool is_channels_last(const at::Tensor& t) {
+  return t.dim() == 4 && !t.is_contiguous() && t.is_contiguous(at::MemoryFormat::ChannelsLast);
+}
 
 // The first layout clause `t` breaks, most specific first; nullptr when it breaks none. A tensor with
 // no elements has no memory to read, so no layout can be wrong for it (torch calls it contiguous).
@@ -64,6 +84,7 @@ const char* broken_layout_clause(const at::Tensor& t, const InputRule& in) {
   if (stride0 && in.rejects_broadcast_stride0) return "layout.broadcast_stride0: rejected";
   if (t.storage_offset() != 0 && in.rejects_start_offset) return "layout.start_offset: rejected";
   if (!t.is_contiguous()) {
+    if (in.accepts_channels_last && is_channels_last(t)) return nullptr;
     if (in.rejects_strided) return "layout.strided: rejected";
     if (in.requires_contiguous) return "layout.contiguous: required";
   }
@@ -72,8 +93,9 @@ const char* broken_layout_clause(const at::Tensor& t, const InputRule& in) {
 
 // What the kernels can really read, whatever a contract claims: a contract that accepts more than
 // this (a draft, a typo) must never turn into an out-of-bounds read.
-bool kernel_can_read(const at::Tensor& t) {
-  return t.numel() == 0 || (t.is_contiguous() && t.storage_offset() == 0);
+bool kernel_can_read(const at::Tensor& t, std::string_view op) {
+  const bool dense = t.is_contiguous() || (reads_channels_last(op) && is_channels_last(t));
+  return t.numel() == 0 || (dense && t.storage_offset() == 0);
 }
 
 bool is_missing(const at::Tensor* t) { return t == nullptr || !t->defined(); }
@@ -134,6 +156,7 @@ void install_rules(std::vector<KernelRule> rules) {
       in.rejects_start_offset = is("start_offset", "rejected");
       in.rejects_strided = is("strided", "rejected");
       in.requires_contiguous = is("contiguous", "required");
+      in.accepts_channels_last = is("channels_last", "accepted");
       in.same_as_index = -1;
       for (size_t j = 0; j < rule.inputs.size() && !in.same_as.empty(); ++j) {
         if (rule.inputs[j].name == in.same_as) in.same_as_index = static_cast<int64_t>(j);
@@ -192,8 +215,13 @@ const KernelRule& check_inputs(std::string_view op, c10::ArrayRef<const at::Tens
            "convert '" + in.name + "' to " + dtype_str(rule->dtype) + " (every tensor of one call has one dtype)");
     }
     const char* clause = broken_layout_clause(*t, in);
-    if (!clause && !kernel_can_read(*t)) clause = "layout.contiguous: required";
-    if (clause) fail(op, rule->kernel, in.name, clause, layout_seen(*t), kLayoutFix);
+    if (!clause && !kernel_can_read(*t, op)) clause = "layout.contiguous: required";
+    if (clause) {
+      const char* fix = !reads_channels_last(op)                                   ? kLayoutFix
+                        : std::string_view(clause) == "layout.start_offset: rejected" ? kOffsetFixChannelsLast
+                                                                                      : kLayoutFixChannelsLast;
+      fail(op, rule->kernel, in.name, clause, layout_seen(*t), fix);
+    }
     if (in.rank >= 0 && t->dim() != in.rank) {
       fail(op, rule->kernel, in.name, "rank: " + std::to_string(in.rank),
            "rank " + std::to_string(t->dim()) + " (shape " + shape_str(t->sizes()) + ")",
@@ -231,7 +259,7 @@ void check_out(const KernelRule& rule, const at::Tensor& out, c10::ScalarType dt
          "shape " + shape_str(out.sizes()) + ", expected " + shape_str(shape),
          "allocate out with shape " + shape_str(shape) + " (.out never resizes)");
   }
-  if (!kernel_can_read(out)) {
+  if (!kernel_can_read(out, op)) {
     fail(op, rule.kernel, "out", "return.layout_guarantee: " + rule.layout_guarantee, layout_seen(out),
          "pass a fresh contiguous zero-offset tensor as out");
   }

@@ -29,7 +29,7 @@ struct InputRule {
   // Derived by install_rules() from the fields above, so that the per-call check compares flags and indices
   // instead of looking up strings.
   bool rejects_reverse_strides = false, rejects_broadcast_stride0 = false, rejects_start_offset = false,
-       rejects_strided = false, requires_contiguous = false;
+       rejects_strided = false, requires_contiguous = false, accepts_channels_last = false;
   int64_t same_as_index = -1;  // position of the `same_as` input in the rule's inputs; -1: none
 };
 

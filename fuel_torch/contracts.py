@@ -25,7 +25,10 @@ FKC_DTYPES: Mapping[str, torch.dtype] = {
     "F16": torch.float16,
 }
 FKC_NAME = {dtype: name for name, dtype in FKC_DTYPES.items()}
-LAYOUT_FLAGS = ("contiguous", "strided", "broadcast_stride0", "start_offset", "reverse_strides")
+LAYOUT_FLAGS = ("contiguous", "strided", "broadcast_stride0", "start_offset", "reverse_strides", "channels_last")
+# Flags a contract may leave out, and the value they then have: channels_last (a 4-d tensor whose
+# strides are torch.channels_last's, NHWC in memory) is a layout only some families read.
+LAYOUT_DEFAULTS = {"channels_last": "rejected"}
 LAYOUT_VALUES = ("required", "rejected", "accepted")
 
 # A contract is a few kilobytes of text; anything far larger is a mistake or an attack on the parser.
@@ -215,8 +218,11 @@ def _parse_input(f: _Fields, raw: Any, path: str) -> InputClause:
     if not dtypes or any(d not in FKC_DTYPES for d in dtypes):
         raise f.fail(f"{path}.dtypes", f"expected a non-empty list of {sorted(FKC_DTYPES)}, got {dtypes!r}")
     layout = f.get(raw, "layout", path, (dict,))
-    if set(layout) != set(LAYOUT_FLAGS):
-        raise f.fail(f"{path}.layout", f"expected exactly the flags {list(LAYOUT_FLAGS)}, got {sorted(layout)}")
+    required = set(LAYOUT_FLAGS) - set(LAYOUT_DEFAULTS)
+    if not required <= set(layout) <= set(LAYOUT_FLAGS):
+        raise f.fail(f"{path}.layout", f"expected the flags {sorted(required)} and optionally "
+                     f"{sorted(LAYOUT_DEFAULTS)}, got {sorted(layout)}")
+    layout = {**LAYOUT_DEFAULTS, **layout}
     for flag, value in layout.items():
         if value not in LAYOUT_VALUES:
             raise f.fail(f"{path}.layout.{flag}", f"expected one of {list(LAYOUT_VALUES)}, got {value!r}")

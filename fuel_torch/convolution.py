@@ -213,10 +213,21 @@ def check(op: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return rule, shape
 
 
+def output_memory_format(x: torch.Tensor, weight: torch.Tensor) -> torch.memory_format:
+    """The layout of a convolution's result, as torch's CPU convolutions choose it: channels_last when the
+    input or the weight suggests channels_last (their strides order), else contiguous. Twin of the C++
+    kernels' choice (csrc/convolution)."""
+    from torch._prims_common import suggest_memory_format
+    if x.dim() == 4 and weight.dim() == 4 and torch.channels_last in (suggest_memory_format(x),
+                                                                     suggest_memory_format(weight)):
+        return torch.channels_last
+    return torch.contiguous_format
+
+
 def _register_fakes() -> None:
     def conv2d_fake(x, weight, bias=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1):
         _, shape = check("conv2d", x, weight, bias, stride, padding, dilation, groups)
-        return x.new_empty(shape)
+        return torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=output_memory_format(x, weight))
 
     def conv2d_out_fake(x, weight, bias=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1, *, out):
         check("conv2d", x, weight, bias, stride, padding, dilation, groups, out=out)
@@ -225,7 +236,7 @@ def _register_fakes() -> None:
     def transpose_fake(x, weight, bias=None, stride=(1, 1), padding=(0, 0), output_padding=(0, 0), groups=1,
                        dilation=(1, 1)):
         _, shape = check("conv_transpose2d", x, weight, bias, stride, padding, dilation, groups, output_padding)
-        return x.new_empty(shape)
+        return torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=output_memory_format(x, weight))
 
     def transpose_out_fake(x, weight, bias=None, stride=(1, 1), padding=(0, 0), output_padding=(0, 0), groups=1,
                            dilation=(1, 1), *, out):
@@ -290,7 +301,7 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     stride, dilation = _pair(stride, "stride", "conv2d"), _pair(dilation, "dilation", "conv2d")
     padding = _conv2d_padding(padding, weight, stride, dilation)
     # The op itself is checked, by the C++ kernel or the fake one, with the contract's messages.
-    input, weight, bias = layout.prepare((input, weight, bias))
+    input, weight, bias = layout.prepare((input, weight, bias), keep_channels_last=True)
     if out is None:
         return torch.ops.fuel.conv2d.default(input, weight, bias, stride, padding, dilation, groups)
     return torch.ops.fuel.conv2d.out(input, weight, bias, stride, padding, dilation, groups, out=out)
@@ -305,7 +316,7 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     api = "conv_transpose2d"
     stride, padding = _pair(stride, "stride", api), _pair(padding, "padding", api)
     output_padding, dilation = _pair(output_padding, "output_padding", api), _pair(dilation, "dilation", api)
-    input, weight, bias = layout.prepare((input, weight, bias))
+    input, weight, bias = layout.prepare((input, weight, bias), keep_channels_last=True)
     args = (input, weight, bias, stride, padding, output_padding, groups, dilation)
     if out is None:
         return torch.ops.fuel.conv_transpose2d.default(*args)

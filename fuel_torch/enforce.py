@@ -15,6 +15,24 @@ from .contracts import FKC_NAME, Contract, ContractSet
 
 LAYOUT_FIX = ("pass a contiguous zero-offset copy (.contiguous() or .clone()), or call through "
               "fuel_torch under layout_policy('contiguize')")
+# The fixes where the kernels also read channels_last: the convolutions, whose nn modules apply the
+# policy to their parameters too. Each names only what works for the clause broken: .contiguous()
+# returns an offset tensor unchanged, so an offset needs .clone().
+LAYOUT_FIX_CHANNELS_LAST = ("pass a contiguous or channels_last copy (.contiguous(), "
+                            ".contiguous(memory_format=torch.channels_last) or .clone()), or call through the "
+                            "fuel_torch API or a fuel_torch.nn module under layout_policy('contiguize')")
+OFFSET_FIX_CHANNELS_LAST = ("pass a zero-offset copy (.clone()), or call through the fuel_torch API or a "
+                            "fuel_torch.nn module under layout_policy('contiguize')")
+
+
+def _layout_fix(op: str, clause: str) -> str:
+    if op not in READS_CHANNELS_LAST:
+        return LAYOUT_FIX
+    return OFFSET_FIX_CHANNELS_LAST if clause == "layout.start_offset: rejected" else LAYOUT_FIX_CHANNELS_LAST
+# The ops whose kernels read a 4-d channels_last (NHWC) operand in place; twin of
+# reads_channels_last() in csrc/contract_rules.cpp. A contract elsewhere that claimed
+# `channels_last: accepted` still gets the tensor refused: the other kernels read memory order.
+READS_CHANNELS_LAST = frozenset({"conv2d", "conv_transpose2d"})
 
 
 class ContractViolation(RuntimeError):
@@ -41,6 +59,11 @@ def layout_seen(t: torch.Tensor) -> str:
     return f"shape {shape_str(t.shape)}, strides {shape_str(t.stride())}, storage offset {t.storage_offset()}"
 
 
+def is_channels_last(t: torch.Tensor) -> bool:
+    """A 4-d tensor laid out as torch.channels_last (NHWC in memory) and not plain contiguous."""
+    return t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
+
+
 def broken_layout_clause(t: torch.Tensor, layout: dict) -> str | None:
     """The first layout clause `t` breaks, most specific first, as the C++ twin orders them.
 
@@ -55,6 +78,8 @@ def broken_layout_clause(t: torch.Tensor, layout: dict) -> str | None:
     if layout["start_offset"] == "rejected" and t.storage_offset() != 0:
         return "layout.start_offset: rejected"
     if not t.is_contiguous():
+        if layout.get("channels_last") == "accepted" and is_channels_last(t):
+            return None
         if layout["strided"] == "rejected":
             return "layout.strided: rejected"
         if layout["contiguous"] == "required":
@@ -62,8 +87,9 @@ def broken_layout_clause(t: torch.Tensor, layout: dict) -> str | None:
     return None
 
 
-def _kernel_can_read(t: torch.Tensor) -> bool:
-    return t.numel() == 0 or (t.is_contiguous() and t.storage_offset() == 0)
+def _kernel_can_read(t: torch.Tensor, op: str) -> bool:
+    dense = t.is_contiguous() or (op in READS_CHANNELS_LAST and is_channels_last(t))
+    return t.numel() == 0 or (dense and t.storage_offset() == 0)
 
 
 def _device_ok(t: torch.Tensor, first: torch.Tensor) -> bool:
@@ -99,10 +125,10 @@ def check_inputs(contracts: ContractSet, op: str, inputs: Sequence[tuple[str, to
                             dtype_str(t.dtype), f"convert '{clause.name}' to {dtype_str(rule.dtype)} "
                             "(every tensor of one call has one dtype)")
         broken = broken_layout_clause(t, clause.layout)
-        if broken is None and not _kernel_can_read(t):
+        if broken is None and not _kernel_can_read(t, op):
             broken = "layout.contiguous: required"
         if broken:
-            raise violation(op, rule.kernel, clause.name, broken, layout_seen(t), LAYOUT_FIX)
+            raise violation(op, rule.kernel, clause.name, broken, layout_seen(t), _layout_fix(op, broken))
         if clause.rank is not None and t.dim() != clause.rank:
             raise violation(op, rule.kernel, clause.name, f"rank: {clause.rank}",
                             f"rank {t.dim()} (shape {shape_str(t.shape)})", f"pass a {clause.rank}-d tensor")
@@ -119,7 +145,8 @@ def check_inputs(contracts: ContractSet, op: str, inputs: Sequence[tuple[str, to
 
 def check_out(rule: Contract, out: torch.Tensor, dtype: torch.dtype, shape: Sequence,
               inputs: Sequence[tuple[str, torch.Tensor | None]]) -> None:
-    """The `out=` tensor: exact dtype and shape, contiguous, zero offset, sharing no input's memory."""
+    """The `out=` tensor: exact dtype and shape, contiguous (or channels_last where the op reads it), zero
+    offset, sharing no input's memory."""
     op, kernel, ret = rule.op, rule.kernel, rule.outputs[0]
     first_name, first = inputs[0]
     if out.device != first.device:
@@ -132,7 +159,7 @@ def check_out(rule: Contract, out: torch.Tensor, dtype: torch.dtype, shape: Sequ
         raise violation(op, kernel, "out", f"return.shape_rule: {ret.shape_rule}",
                         f"shape {shape_str(out.shape)}, expected {shape_str(shape)}",
                         f"allocate out with shape {shape_str(shape)} (.out never resizes)")
-    if not _kernel_can_read(out):
+    if not _kernel_can_read(out, op):
         raise violation(op, kernel, "out", f"return.layout_guarantee: {ret.layout_guarantee}", layout_seen(out),
                         "pass a fresh contiguous zero-offset tensor as out")
     for name, t in inputs:

@@ -42,19 +42,34 @@ def current_policy() -> str:
     return _policy.name
 
 
-def needs_copy(t: torch.Tensor) -> bool:
-    return not (t.is_contiguous() and t.storage_offset() == 0)
+def _channels_last(t: torch.Tensor) -> bool:
+    return t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last)
 
 
-def materialize(t: torch.Tensor) -> torch.Tensor:
-    """A contiguous, zero-offset tensor with t's values (t itself when it already is one)."""
+def needs_copy(t: torch.Tensor, keep_channels_last: bool = False) -> bool:
+    dense = t.is_contiguous() or (keep_channels_last and _channels_last(t))
+    return not (dense and t.storage_offset() == 0)
+
+
+def materialize(t: torch.Tensor, keep_channels_last: bool = False) -> torch.Tensor:
+    """A contiguous, zero-offset tensor with t's values (t itself when it already is one).
+
+    keep_channels_last: for kernels that read channels_last (the convolutions), a 4-d tensor laid out
+    as torch.channels_last stays as it is (or is copied into that layout), as torch's convs keep it."""
+    fmt = torch.channels_last if keep_channels_last and t.dim() == 4 and _suggests_channels_last(t) \
+        else torch.contiguous_format
     if torch.compiler.is_compiling():
         # Dynamo cannot trace storage_offset(); a fresh copy is right whatever the layout.
-        return t.clone(memory_format=torch.contiguous_format)
-    return t.clone(memory_format=torch.contiguous_format) if needs_copy(t) else t
+        return t.clone(memory_format=fmt)
+    return t.clone(memory_format=fmt) if needs_copy(t, keep_channels_last) else t
 
 
-def prepare(tensors: tuple, broadcast: bool = False) -> tuple:
+def _suggests_channels_last(t: torch.Tensor) -> bool:
+    from torch._prims_common import suggest_memory_format
+    return suggest_memory_format(t) == torch.channels_last
+
+
+def prepare(tensors: tuple, broadcast: bool = False, keep_channels_last: bool = False) -> tuple:
     """Apply the current policy to a call's tensor operands (None entries stay None)."""
     if _policy.name == "strict":
         return tensors
@@ -62,4 +77,4 @@ def prepare(tensors: tuple, broadcast: bool = False) -> tuple:
     if broadcast and len({t.dtype for t in present}) == 1:
         it = iter(torch.broadcast_tensors(*present))
         tensors = tuple(next(it) if t is not None else None for t in tensors)
-    return tuple(materialize(t) if t is not None else None for t in tensors)
+    return tuple(materialize(t, keep_channels_last) if t is not None else None for t in tensors)

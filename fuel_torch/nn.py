@@ -62,7 +62,7 @@ def _batched(input: torch.Tensor):
         # Dynamo cannot read storage_offset(); in a graph the strides are what matters (intermediates start at
         # offset 0), and a graph input that is an offset view still meets the op's fake, which names it.
         return x.contiguous(), unbatched
-    return layout.materialize(x), unbatched
+    return layout.materialize(x, keep_channels_last=True), unbatched
 
 
 class Conv2d(torch.nn.Conv2d):
@@ -81,7 +81,8 @@ class Conv2d(torch.nn.Conv2d):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         x, unbatched = _batched(input)
-        out = torch.ops.fuel.conv2d(x, self.weight, self.bias, self.stride, _padding(self), self.dilation, self.groups)
+        weight, bias = layout.prepare((self.weight, self.bias), keep_channels_last=True)
+        out = torch.ops.fuel.conv2d(x, weight, bias, self.stride, _padding(self), self.dilation, self.groups)
         return out.squeeze(0) if unbatched else out
 
 
@@ -104,7 +105,8 @@ class ConvTranspose2d(torch.nn.ConvTranspose2d):
         output_padding = self._output_padding(input, output_size, self.stride, self.padding, self.kernel_size, 2,
                                               self.dilation)
         x, unbatched = _batched(input)
-        out = torch.ops.fuel.conv_transpose2d(x, self.weight, self.bias, self.stride, self.padding, output_padding,
+        weight, bias = layout.prepare((self.weight, self.bias), keep_channels_last=True)
+        out = torch.ops.fuel.conv_transpose2d(x, weight, bias, self.stride, self.padding, output_padding,
                                               self.groups, self.dilation)
         return out.squeeze(0) if unbatched else out
 

@@ -291,6 +291,8 @@ F64_CASES = [
     ("conv_transpose2d", (2, 6, 5, 4), (6, 2, 3, 4), dict(stride=(2, 3), padding=(1, 2), output_padding=(1, 0),
                                                           dilation=(1, 2), groups=3)),
     ("conv_transpose2d", (1, 48, 4, 4), (48, 3, 3, 3), dict(stride=2, padding=1, output_padding=1)),
+    # long kernel rows, few outputs (a weight gradient's shape): the wide-kernel path
+    ("conv2d", (2, 3, 20, 24), (4, 3, 18, 21), dict(padding=1, stride=(1, 2))),
 ]
 
 
@@ -320,6 +322,8 @@ def test_float32_long_reductions_beat_twice_torchs_error(op):
     """Long reductions (K up to 4608) where a plain sequential float32 sum would fall behind torch."""
     generator = torch.Generator().manual_seed(3)
     cases = [((2, 512, 8, 8), 32, (3, 3), {"padding": 1}), ((2, 2048, 5, 5), 16, (1, 1), {})]
+    if op == "conv2d":  # a weight gradient's shape (K = 11552, long kernel rows): the wide-kernel path
+        cases.append(((3, 8, 40, 40), 6, (38, 38), {"padding": 1}))
     for x_shape, cout, kernel, geometry in cases:
         for shift in (0.0, 1.0):  # a non-zero mean makes the partial sums grow
             x, w, b = operands(op, x_shape[0], x_shape[1], cout, 1, kernel, x_shape[2:], True, torch.float32,
@@ -375,7 +379,8 @@ def test_halves_accumulate_in_float32(op, dtype, big):
 @pytest.mark.parametrize("op", OPS)
 def test_deterministic_across_calls_and_threads(op, dtype):
     """16 calls byte-identical, and the same bytes for 1, 2 and 3 threads. The shape has more than one
-    tap chunk (288 taps > 256) and channel chunk (70 > 64) and enough tasks to be split."""
+    tap chunk (288 taps > 256), a channel count (70) that is not a whole number of register blocks, and
+    enough tasks to be split."""
     generator = torch.Generator().manual_seed(5)
     geometry = {"padding": 1, "stride": 2} if op == "conv2d" else {"padding": 1, "stride": 2, "output_padding": 1}
     x, w, b = operands(op, 3, 32, 70, 1, (3, 3), (23, 21), True, dtype, generator)
@@ -497,6 +502,71 @@ def test_contiguize_policy(op):
     with fuel_torch.layout_policy("contiguize"):
         assert reference.bit_equal(API[op](x, w, expanded, **geometry), API[op](x, w, torch.full((6,), 0.5),
                                                                                  **geometry))
+
+
+# ---------------------------------------------------------------------------------------------
+# channels_last: accepted natively (contract flag `channels_last: accepted`); the result has the
+# layout torch's convolution returns for the same call and the bits of the contiguous call.
+
+FORMATS = {"contiguous": torch.contiguous_format, "channels_last": torch.channels_last}
+LAYOUT_CASES = [
+    ("conv2d", 2, 6, 8, 2, (3, 5), (9, 11), dict(stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2)),
+    ("conv2d", 2, 8, 8, 8, (3, 3), (10, 9), dict(padding=1, groups=8)),  # depthwise
+    ("conv2d", 1, 3, 5, 1, (20, 17), (22, 21), dict(padding=1)),  # long kernel rows (weight-gradient shape)
+    ("conv_transpose2d", 2, 6, 4, 2, (4, 3), (7, 6), dict(stride=(2, 3), padding=1, output_padding=(1, 0), groups=2)),
+]
+
+
+@pytest.mark.parametrize("w_format", FORMATS)
+@pytest.mark.parametrize("x_format", FORMATS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", LAYOUT_CASES, ids=lambda c: f"{c[0]}-{c[5]}")
+def test_channels_last_operands(case, dtype, x_format, w_format):
+    op, n, cin, cout, groups, kernel, spatial, geometry = case
+    generator = torch.Generator().manual_seed(12)
+    x, w, b = operands(op, n, cin, cout, groups, kernel, spatial, True, dtype, generator)
+    expected = API[op](x, w, b, **geometry)
+    xl, wl = x.contiguous(memory_format=FORMATS[x_format]), w.contiguous(memory_format=FORMATS[w_format])
+    for call in (getattr(torch.ops.fuel, op), API[op]):
+        ours = call(xl, wl, b, **geometry)
+        assert reference.bit_equal(ours.contiguous(), expected)
+        assert ours.stride() == TORCH[op](xl, wl, b, **geometry).stride(), (ours.stride(), x_format, w_format)
+    out = torch.full_like(expected, float("nan"), memory_format=torch.channels_last)
+    getattr(torch.ops.fuel, op).out(xl, wl, b, **geometry, out=out)
+    assert reference.bit_equal(out.contiguous(), expected)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_channels_last_fake_kernel_layout(op):
+    case = next(c for c in LAYOUT_CASES if c[0] == op)
+    _, n, cin, cout, groups, kernel, spatial, geometry = case
+    x, w, b = operands(op, n, cin, cout, groups, kernel, spatial, True, torch.float32, torch.Generator())
+    for xf, wf in [(torch.channels_last, torch.contiguous_format), (torch.contiguous_format, torch.channels_last),
+                   (torch.contiguous_format, torch.contiguous_format)]:
+        xl, wl = x.contiguous(memory_format=xf), w.contiguous(memory_format=wf)
+        meta = getattr(torch.ops.fuel, op)(xl.to("meta"), wl.to("meta"), b.to("meta"), **geometry)
+        assert meta.stride() == TORCH[op](xl, wl, b, **geometry).stride()
+
+
+def test_channels_last_model_trains():
+    """The issue's case: model.to(memory_format=torch.channels_last), then fuel convs forward and backward."""
+    torch.manual_seed(0)
+    theirs = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                                 torch.nn.Conv2d(8, 8, 3, padding=1, groups=8),
+                                 torch.nn.ConvTranspose2d(8, 4, 4, stride=2, padding=1)).double()
+    ours = torch.nn.Sequential(fuel_torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                               fuel_torch.nn.Conv2d(8, 8, 3, padding=1, groups=8),
+                               fuel_torch.nn.ConvTranspose2d(8, 4, 4, stride=2, padding=1)).double()
+    ours.load_state_dict(theirs.state_dict())
+    theirs, ours = (m.to(memory_format=torch.channels_last) for m in (theirs, ours))
+    x = torch.randn(2, 3, 12, 10, dtype=torch.float64).contiguous(memory_format=torch.channels_last)
+    expected, result = theirs(x), ours(x)
+    assert result.is_contiguous(memory_format=torch.channels_last) and result.stride() == expected.stride()
+    assert torch.allclose(result, expected, rtol=1e-12, atol=1e-12)
+    expected.square().sum().backward()
+    result.square().sum().backward()
+    for (name, p_theirs), p_ours in zip(theirs.named_parameters(), ours.parameters()):
+        assert torch.allclose(p_ours.grad, p_theirs.grad, rtol=1e-10, atol=1e-10), name
 
 
 GEOMETRIES = [

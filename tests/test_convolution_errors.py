@@ -148,25 +148,70 @@ fuel::conv2d [conv2d_f32]: argument 'weight' breaks `backend: Cpu`: saw device m
 
 class TestLayout(expecttest.TestCase):
     def test_non_contiguous_x(self):
-        self.assertExpectedInline(reject("conv2d", x_(1, 4, 9, 8).transpose(2, 3), x_(4, 4, 3, 3)), """\
-fuel::conv2d [conv2d_f32]: argument 'x' breaks `layout.strided: rejected`: saw shape [1, 4, 8, 9], strides [288, 72, 1, 8], storage offset 0. Fix: pass a contiguous zero-offset copy (.contiguous() or .clone()), or call through fuel_torch under layout_policy('contiguize').""")
+        self.assertExpectedInline(reject("conv2d", x_(1, 4, 9, 8).transpose(2, 3), x_(4, 4, 3, 3)), """fuel::conv2d [conv2d_f32]: argument 'x' breaks `layout.strided: rejected`: saw shape [1, 4, 8, 9], strides [288, 72, 1, 8], storage offset 0. Fix: pass a contiguous or channels_last copy (.contiguous(), .contiguous(memory_format=torch.channels_last) or .clone()), or call through the fuel_torch API or a fuel_torch.nn module under layout_policy('contiguize').""")
 
-    def test_channels_last_x(self):
-        x = x_(2, 4, 8, 8).contiguous(memory_format=torch.channels_last)
-        self.assertExpectedInline(reject("conv_transpose2d", x, x_(4, 4, 3, 3)), """\
-fuel::conv_transpose2d [conv_transpose2d_f32]: argument 'x' breaks `layout.strided: rejected`: saw shape [2, 4, 8, 8], strides [256, 1, 32, 4], storage offset 0. Fix: pass a contiguous zero-offset copy (.contiguous() or .clone()), or call through fuel_torch under layout_policy('contiguize').""")
+    def test_channels_last_with_offset_x(self):
+        # channels_last is accepted (test_convolution.py), an offset view of it is not.
+        x = x_(2, 4, 8, 8).contiguous(memory_format=torch.channels_last)[1:]
+        self.assertExpectedInline(reject("conv_transpose2d", x, x_(4, 4, 3, 3)), """fuel::conv_transpose2d [conv_transpose2d_f32]: argument 'x' breaks `layout.start_offset: rejected`: saw shape [1, 4, 8, 8], strides [256, 1, 32, 4], storage offset 256. Fix: pass a zero-offset copy (.clone()), or call through the fuel_torch API or a fuel_torch.nn module under layout_policy('contiguize').""")
+
+    def test_strided_channels_last_weight(self):
+        w = x_(4, 4, 3, 6).contiguous(memory_format=torch.channels_last)[:, :, :, ::2]
+        self.assertExpectedInline(reject("conv2d", x_(*X), w), """fuel::conv2d [conv2d_f32]: argument 'weight' breaks `layout.strided: rejected`: saw shape [4, 4, 3, 3], strides [72, 1, 24, 8], storage offset 0. Fix: pass a contiguous or channels_last copy (.contiguous(), .contiguous(memory_format=torch.channels_last) or .clone()), or call through the fuel_torch API or a fuel_torch.nn module under layout_policy('contiguize').""")
 
     def test_offset_x(self):
-        self.assertExpectedInline(reject("conv2d", x_(2, 4, 8, 8)[1:], x_(4, 4, 3, 3)), """\
-fuel::conv2d [conv2d_f32]: argument 'x' breaks `layout.start_offset: rejected`: saw shape [1, 4, 8, 8], strides [256, 64, 8, 1], storage offset 256. Fix: pass a contiguous zero-offset copy (.contiguous() or .clone()), or call through fuel_torch under layout_policy('contiguize').""")
+        self.assertExpectedInline(reject("conv2d", x_(2, 4, 8, 8)[1:], x_(4, 4, 3, 3)), """fuel::conv2d [conv2d_f32]: argument 'x' breaks `layout.start_offset: rejected`: saw shape [1, 4, 8, 8], strides [256, 64, 8, 1], storage offset 256. Fix: pass a zero-offset copy (.clone()), or call through the fuel_torch API or a fuel_torch.nn module under layout_policy('contiguize').""")
 
     def test_expanded_weight(self):
-        self.assertExpectedInline(reject("conv2d", x_(*X), x_(1, 4, 3, 3).expand(4, 4, 3, 3)), """\
-fuel::conv2d [conv2d_f32]: argument 'weight' breaks `layout.broadcast_stride0: rejected`: saw shape [4, 4, 3, 3], strides [0, 9, 3, 1], storage offset 0. Fix: pass a contiguous zero-offset copy (.contiguous() or .clone()), or call through fuel_torch under layout_policy('contiguize').""")
+        self.assertExpectedInline(reject("conv2d", x_(*X), x_(1, 4, 3, 3).expand(4, 4, 3, 3)), """fuel::conv2d [conv2d_f32]: argument 'weight' breaks `layout.broadcast_stride0: rejected`: saw shape [4, 4, 3, 3], strides [0, 9, 3, 1], storage offset 0. Fix: pass a contiguous or channels_last copy (.contiguous(), .contiguous(memory_format=torch.channels_last) or .clone()), or call through the fuel_torch API or a fuel_torch.nn module under layout_policy('contiguize').""")
 
     def test_expanded_bias(self):
-        self.assertExpectedInline(reject("conv2d", x_(*X), x_(4, 4, 3, 3), x_(1).expand(4)), """\
-fuel::conv2d [conv2d_f32]: argument 'bias' breaks `layout.broadcast_stride0: rejected`: saw shape [4], strides [0], storage offset 0. Fix: pass a contiguous zero-offset copy (.contiguous() or .clone()), or call through fuel_torch under layout_policy('contiguize').""")
+        self.assertExpectedInline(reject("conv2d", x_(*X), x_(4, 4, 3, 3), x_(1).expand(4)), """fuel::conv2d [conv2d_f32]: argument 'bias' breaks `layout.broadcast_stride0: rejected`: saw shape [4], strides [0], storage offset 0. Fix: pass a contiguous or channels_last copy (.contiguous(), .contiguous(memory_format=torch.channels_last) or .clone()), or call through the fuel_torch API or a fuel_torch.nn module under layout_policy('contiguize').""")
+
+
+def _awkward(t: torch.Tensor, how: str) -> torch.Tensor:
+    """t's values in a layout the kernels reject: every stride doubled, or a storage offset."""
+    if how == "strided":
+        return torch.stack([t, t], -1)[..., 0]
+    return torch.cat([t.reshape(-1), t.reshape(-1)])[t.numel():].view(t.shape)
+
+
+@pytest.mark.parametrize("how", ["strided", "offset"])
+@pytest.mark.parametrize("argument", ["x", "weight", "bias"])
+@pytest.mark.parametrize("op", ["conv2d", "conv_transpose2d"])
+def test_every_fix_the_layout_message_names_works(op, argument, how):
+    """The message names four fixes: .contiguous(), .contiguous(memory_format=torch.channels_last) (4-d),
+    .clone(), and the layout policy through the API or an nn module. Each one, done as written, runs."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 4, 7, 6, generator=generator)
+    w = torch.randn(4, 2, 3, 3, generator=generator)
+    b = torch.randn(4, generator=generator)
+    kwargs = {"padding": 1, "groups": 2}  # both ops: 4 -> 4 channels, weight [4, 2, 3, 3]
+    expected = getattr(fuel_torch, op)(x, w, b, **kwargs)
+    operands = {"x": x, "weight": w, "bias": b}
+    bad = dict(operands, **{argument: _awkward(operands[argument], how)})
+    raw = getattr(torch.ops.fuel, op)
+    message = _error(lambda: raw(bad["x"], bad["weight"], bad["bias"], **kwargs))
+    fix_text = message.split("Fix: ", 1)[1]
+    named = {name: fix for name, fix in [
+        (".contiguous()", lambda t: t.contiguous()), (".clone()", lambda t: t.clone()),
+        (".contiguous(memory_format=torch.channels_last)", lambda t: t.contiguous(memory_format=torch.channels_last)),
+    ] if name in fix_text}
+    assert ".clone()" in named and "layout_policy('contiguize')" in fix_text
+    for name, fix in named.items():
+        if "channels_last" in name and bad[argument].dim() != 4:
+            continue  # a 4-d layout: named for x and weight
+        fixed = dict(bad, **{argument: fix(bad[argument])})
+        assert torch.equal(raw(fixed["x"], fixed["weight"], fixed["bias"], **kwargs).contiguous(), expected), name
+    with fuel_torch.layout_policy("contiguize"):
+        assert torch.equal(getattr(fuel_torch, op)(bad["x"], bad["weight"], bad["bias"], **kwargs).contiguous(),
+                           expected)
+        module_type = fuel_torch.nn.Conv2d if op == "conv2d" else fuel_torch.nn.ConvTranspose2d
+        module = module_type(4, 4, 3, padding=1, groups=2)
+        with torch.no_grad():
+            module.weight = torch.nn.Parameter(bad["weight"], requires_grad=False)
+            module.bias = torch.nn.Parameter(bad["bias"], requires_grad=False)
+        assert torch.equal(module(bad["x"]).contiguous(), expected)
 
 
 class TestParameters(expecttest.TestCase):
@@ -306,8 +351,7 @@ fuel::conv2d [conv2d_f32]: argument 'out' breaks `return.dtype_rule: passthrough
 
     def test_out_not_contiguous(self):
         out = torch.empty(1, 4, 6, 6).transpose(2, 3)
-        self.assertExpectedInline(reject("conv2d", x_(*X), x_(4, 4, 3, 3), out=out), """\
-fuel::conv2d [conv2d_f32]: argument 'out' breaks `return.layout_guarantee: contiguous`: saw shape [1, 4, 6, 6], strides [144, 36, 1, 6], storage offset 0. Fix: pass a fresh contiguous zero-offset tensor as out.""")
+        self.assertExpectedInline(reject("conv2d", x_(*X), x_(4, 4, 3, 3), out=out), """fuel::conv2d [conv2d_f32]: argument 'out' breaks `return.layout_guarantee: contiguous_or_channels_last`: saw shape [1, 4, 6, 6], strides [144, 36, 1, 6], storage offset 0. Fix: pass a fresh contiguous zero-offset tensor as out.""")
 
     def test_out_overlaps_input(self):
         x = x_(*X)

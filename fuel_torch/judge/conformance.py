@@ -105,6 +105,22 @@ def _expected_dtype(rule: str, call: Call) -> torch.dtype | None:
     return None
 
 
+# contiguous_or_channels_last: contiguous for contiguous operands (the base call), channels_last when
+# an operand is channels_last (checked by the channels_last layout probe).
+LAYOUT_GUARANTEES = ("contiguous", "contiguous_or_channels_last")
+
+
+def _check_channels_last_result(audit: _Audit, name: str, outcomes: dict[str, probes.Outcome]) -> None:
+    """contiguous_or_channels_last: a call with a channels_last operand returns a channels_last result."""
+    ret = audit.contract.outputs[0]
+    if ret.layout_guarantee != "contiguous_or_channels_last":
+        return
+    ran = {p: o.result for p, o in outcomes.items() if o.ran and isinstance(o.result, torch.Tensor)}
+    bad = [p for p, r in ran.items() if not r.is_contiguous(memory_format=torch.channels_last)]
+    audit.add(f"return.layout_guarantee: {ret.layout_guarantee}", f"{name} channels_last: result is channels_last",
+              FAIL if bad or not ran else PASS, detail="; ".join(f"{p}: not channels_last" for p in bad))
+
+
 def _check_return(audit: _Audit, call: Call, outcomes: dict[str, probes.Outcome]) -> None:
     ret = audit.contract.outputs[0]
     ran = {p: o.result for p, o in outcomes.items() if o.ran}
@@ -127,9 +143,9 @@ def _check_return(audit: _Audit, call: Call, outcomes: dict[str, probes.Outcome]
         bad = [f"{p}: {list(_shape(r))}" for p, r in ran.items() if _shape(r) != shape]
         audit.add(f"return.shape_rule: {ret.shape_rule}", f"result shape is {list(shape)}", FAIL if bad else PASS,
                   detail="; ".join(bad))
-    if ret.layout_guarantee != "contiguous":
+    if ret.layout_guarantee not in LAYOUT_GUARANTEES:
         audit.add(f"return.layout_guarantee: {ret.layout_guarantee}", "base call", UNVERIFIED,
-                  detail="only `contiguous` is understood")
+                  detail=f"only {' and '.join(f'`{g}`' for g in LAYOUT_GUARANTEES)} are understood")
     else:
         bad = [p for p, r in ran.items() if not _contiguous(r)]
         audit.add(f"return.layout_guarantee: {ret.layout_guarantee}", "result is contiguous with zero offset",
@@ -229,6 +245,8 @@ def audit(contract: Contract, family: Any) -> dict:
                 else:
                     a.expect_reject(claim, "contiguous operands (the base call)", base)
                 continue
+            if flag == "channels_last" and t.dim() != 4:
+                continue  # a layout of 4-d tensors only: no claim about other ranks
             variant = probes.LAYOUT_VARIANTS[flag](t)
             if variant is None:
                 a.add(claim, f"{clause.name} {flag}", UNVERIFIED, detail="the base tensor is too small for this layout")
@@ -239,7 +257,9 @@ def audit(contract: Contract, family: Any) -> dict:
             if value == "rejected":
                 a.expect_reject(claim, probe, call)
             elif value == "accepted":
-                a.expect_accept(claim, probe, call, expected)
+                outcomes = a.expect_accept(claim, probe, call, expected)
+                if flag == "channels_last":
+                    _check_channels_last_result(a, clause.name, outcomes)
             else:
                 a.add(claim, probe, UNVERIFIED, detail="`required` is only meaningful for `contiguous`")
         if clause.rank is not None:

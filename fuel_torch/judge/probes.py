@@ -131,10 +131,20 @@ def offset_copy(t: torch.Tensor) -> torch.Tensor | None:
     return buffer[1:].view(t.shape).copy_(t)
 
 
+def channels_last_copy(t: torch.Tensor) -> torch.Tensor | None:
+    """A 4-d tensor laid out as torch.channels_last (NHWC in memory), zero offset; None where that layout
+    would also be contiguous (one channel, or a 1x1 image)."""
+    if t.dim() != 4:
+        return None
+    variant = t.contiguous(memory_format=torch.channels_last)
+    return None if variant.is_contiguous() else variant
+
+
 LAYOUT_VARIANTS: dict[str, Callable[[torch.Tensor], torch.Tensor | None]] = {
     "strided": strided_copy,
     "broadcast_stride0": stride0_view,
     "start_offset": offset_copy,
+    "channels_last": channels_last_copy,
 }
 NOT_CONSTRUCTIBLE = {"reverse_strides": "not constructible in torch (no negative strides); the kernel requires "
                                         "contiguous, so such a view could never reach it"}

@@ -1,0 +1,138 @@
+// The depthwise kernel: conv2d where every output channel reads one input channel (x.dim[1] ==
+// groups; weight.dim[1] == 1), any stride, padding, dilation and depth multiplier.
+//
+// The general chassis would gather Kh * Kw copies of the input for only Kh * Kw multiply-adds per
+// output. Here each task widens the input rows it needs once into zero-padded lines (split into
+// stride phases, so that every tap reads a contiguous run), and every output vector is a chain over
+// the taps read straight from those lines. The sum runs in exactly the chassis order (blocks of
+// kBlock taps as fused chains, the first from the bias; blocks added in turn; chunks of kTapChunk),
+// so results are the bits the chassis gives.
+#pragma once
+
+#include "kernel_common.h"
+
+namespace fuel {
+namespace CPU_CAPABILITY {
+namespace depthwise_detail {
+
+// Input lines for one task: for each input row ih in [ih0, ih0 + rows) and each stride phase r,
+// line[(row * sw + r) * len + j] = x[ih][sw * j + r - pw] (zero outside the input).
+template <typename scalar_t, typename acc_t>
+void widen_lines(const scalar_t* plane, const Layout& xl, const Problem& p, int64_t ih0, int64_t rows, int64_t len,
+                 acc_t* lines) {
+  const int64_t sw = p.stride[1], pw = p.padding[1];
+  std::vector<acc_t> row_buffer;
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t ih = ih0 + row;
+    acc_t* first = lines + row * sw * len;
+    if (ih < 0 || ih >= p.H) {
+      zero(first, sw * len);
+      continue;
+    }
+    const scalar_t* src = plane + ih * xl.h;
+    for (int64_t r = 0; r < sw; ++r) {
+      acc_t* line = first + r * len;
+      // j reads column sw * j + r - pw, inside [0, W) for j in [lo, hi).
+      const int64_t lo = std::clamp<int64_t>((pw - r + sw - 1) / sw, 0, len);
+      const int64_t hi = std::clamp<int64_t>((p.W - 1 + pw - r) / sw + 1, lo, len);
+      zero(line, lo);
+      if (sw == 1 && xl.w == 1) {
+        widen<scalar_t>(src + lo - pw, line + lo, hi - lo);
+      } else {
+        for (int64_t j = lo; j < hi; ++j) line[j] = static_cast<acc_t>(src[(sw * j + r - pw) * xl.w]);
+      }
+      zero(line + hi, len - hi);
+    }
+  }
+}
+
+// NV output vectors of one output row, starting at column ow0; taps[t] is the offset of tap t's
+// run inside the task's lines, w[t] its weight. The chassis order: see the file comment.
+template <typename acc_t, int NV>
+inline void row_vectors(const acc_t* lines, const int64_t* taps, const acc_t* w, int64_t n_taps, acc_t bias,
+                        int64_t ow0, acc_t* result) {
+  using Vec = Vectorized<acc_t>;
+  constexpr int64_t V = Vec::size();
+  Vec total[NV], chunk[NV], acc[NV];
+  for (int v = 0; v < NV; ++v) total[v] = Vec(bias);
+  for (int64_t c0 = 0; c0 < n_taps; c0 += kTapChunk) {
+    const int64_t c1 = std::min(n_taps, c0 + kTapChunk);
+    for (int v = 0; v < NV; ++v) chunk[v] = Vec(acc_t(0));
+    for (int64_t b0 = c0; b0 < c1; b0 += kBlock) {
+      const int64_t b1 = std::min(c1, b0 + kBlock);
+      for (int v = 0; v < NV; ++v) acc[v] = b0 == 0 ? total[v] : Vec(acc_t(0));
+      for (int64_t t = b0; t < b1; ++t) {
+        const Vec wv(w[t]);
+        const acc_t* run = lines + taps[t] + ow0;
+        for (int v = 0; v < NV; ++v) acc[v] = at::vec::fmadd(wv, Vec::loadu(run + v * V), acc[v]);
+      }
+      for (int v = 0; v < NV; ++v) chunk[v] = chunk[v] + acc[v];
+    }
+    for (int v = 0; v < NV; ++v) total[v] = c0 == 0 ? chunk[v] : total[v] + chunk[v];
+  }
+  for (int v = 0; v < NV; ++v) total[v].store(result + v * V);
+}
+
+}  // namespace depthwise_detail
+
+inline bool is_depthwise(const Problem& p) {
+  return !p.transpose && p.groups == p.Cin && p.Cin > 0;
+}
+
+template <typename scalar_t>
+void convolve_depthwise(const Problem& p, const scalar_t* x, const Layout& xl, const scalar_t* weight, const int64_t* ws,
+                        const scalar_t* bias, scalar_t* out, const Layout& ol) {
+  using namespace depthwise_detail;
+  using acc_t = acc_type<scalar_t>;
+  constexpr int64_t V = Vectorized<acc_t>::size();
+  constexpr int NV = 4;  // independent chains in flight: hides the fused multiply-add latency
+  const int64_t sw = p.stride[1], sh = p.stride[0], per_group = p.Cout / p.groups;
+  const int64_t n_taps = p.Kh * p.Kw;
+  const int64_t Wv = (p.Wo + V - 1) / V * V;  // output columns rounded up to whole vectors
+  // A line holds every column a vector of the last block reads: j up to Wv + (Kw - 1) * dw / sw.
+  const int64_t len = Wv + ((p.Kw - 1) * p.dilation[1]) / sw + 1;
+  // Output rows per task: enough to amortize the lines, few enough to keep them in L2.
+  const int64_t rows_per_task = std::clamp<int64_t>(
+      (kScratchBytes / static_cast<int64_t>(sizeof(acc_t)) / std::max<int64_t>(1, sw * len)) / std::max<int64_t>(1, sh),
+      1, p.Ho);
+  const int64_t row_blocks = (p.Ho + rows_per_task - 1) / rows_per_task;
+  const int64_t tasks = p.N * p.Cout * row_blocks;
+  const int64_t work = std::max<int64_t>(1, rows_per_task * Wv * n_taps);
+  at::parallel_for(0, tasks, std::max<int64_t>(1, (1 << 16) / work), [&](int64_t first, int64_t last) {
+    std::vector<acc_t> lines, weights(n_taps), result(Wv);
+    std::vector<int64_t> taps(n_taps);
+    for (int64_t task = first; task < last; ++task) {
+      const int64_t block = task % row_blocks, co = task / row_blocks % p.Cout, n = task / row_blocks / p.Cout;
+      const int64_t ci = co / per_group;
+      const int64_t oh0 = block * rows_per_task, oh1 = std::min(p.Ho, oh0 + rows_per_task);
+      const int64_t ih0 = oh0 * sh - p.padding[0];
+      const int64_t in_rows = (oh1 - 1 - oh0) * sh + (p.Kh - 1) * p.dilation[0] + 1;
+      lines.resize(in_rows * sw * len);
+      widen_lines<scalar_t, acc_t>(x + n * xl.n + ci * xl.c, xl, p, ih0, in_rows, len, lines.data());
+      for (int64_t t = 0; t < n_taps; ++t) {
+        weights[t] = static_cast<acc_t>(weight[co * ws[0] + (t / p.Kw) * ws[2] + (t % p.Kw) * ws[3]]);
+      }
+      const acc_t b = bias ? static_cast<acc_t>(bias[co]) : acc_t(0);
+      scalar_t* plane = out + n * ol.n + co * ol.c;
+      for (int64_t oh = oh0; oh < oh1; ++oh) {
+        for (int64_t kh = 0; kh < p.Kh; ++kh) {
+          for (int64_t kw = 0; kw < p.Kw; ++kw) {
+            const int64_t row = (oh - oh0) * sh + kh * p.dilation[0], off = kw * p.dilation[1];
+            taps[kh * p.Kw + kw] = (row * sw + off % sw) * len + off / sw;
+          }
+        }
+        int64_t ow = 0;
+        for (; ow + NV * V <= Wv; ow += NV * V) {
+          row_vectors<acc_t, NV>(lines.data(), taps.data(), weights.data(), n_taps, b, ow, result.data() + ow);
+        }
+        for (; ow < Wv; ow += V) {
+          row_vectors<acc_t, 1>(lines.data(), taps.data(), weights.data(), n_taps, b, ow, result.data() + ow);
+        }
+        store_row<scalar_t>(result.data(), plane + oh * ol.h, ol.w, p.Wo);
+      }
+    }
+  });
+}
+
+}  // namespace CPU_CAPABILITY
+}  // namespace fuel

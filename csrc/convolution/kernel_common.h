@@ -1,0 +1,96 @@
+// What every convolution kernel shares: the accumulator type, the fixed summation constants, and
+// the widening loads and narrowing stores between a tensor's dtype and the accumulator.
+//
+// Included by the kernel sources only, which are compiled once per ISA level inside
+// namespace fuel::CPU_CAPABILITY (Vectorized<T> is that level's vector).
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <algorithm>
+#include <type_traits>
+#include <vector>
+
+#include "problem.h"
+
+#ifndef CPU_CAPABILITY
+#define CPU_CAPABILITY DEFAULT
+#endif
+
+namespace fuel {
+namespace CPU_CAPABILITY {
+
+using at::vec::Vectorized;
+
+// The summation order every kernel keeps (see contracts/convolution.fkc.md, Arithmetic).
+constexpr int64_t kBlock = 16;             // taps per fused multiply-add chain
+constexpr int64_t kTapChunk = 256;         // taps per chunk (a multiple of kBlock)
+constexpr int64_t kScratchBytes = 131072;  // per thread and buffer: what a task keeps in L2
+static_assert(kTapChunk % kBlock == 0, "a tap chunk must hold whole blocks, or chunking would change the sums");
+
+template <typename T>
+using acc_type = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+template <typename T>
+constexpr bool is_half = std::is_same_v<T, at::BFloat16> || std::is_same_v<T, at::Half>;
+
+template <typename T>
+inline void zero(T* dst, int64_t n) {
+  using Vec = Vectorized<T>;
+  const Vec z(T(0));
+  int64_t i = 0;
+  for (; i + Vec::size() <= n; i += Vec::size()) z.store(dst + i);
+  for (; i < n; ++i) dst[i] = T(0);
+}
+
+// Exact widening of a contiguous run into the accumulator type.
+template <typename scalar_t, typename acc_t = acc_type<scalar_t>>
+inline void widen(const scalar_t* src, acc_t* dst, int64_t n) {
+  if constexpr (!is_half<scalar_t>) {
+    // Short runs are the common case (one input row): inline vector moves, no memmove.
+    using Vec = Vectorized<acc_t>;
+    int64_t i = 0;
+    for (; i + Vec::size() <= n; i += Vec::size()) Vec::loadu(src + i).store(dst + i);
+    for (; i < n; ++i) dst[i] = src[i];
+  } else {
+    constexpr int64_t step = Vectorized<scalar_t>::size(), half = Vectorized<float>::size();
+    for (int64_t i = 0; i < n; i += step) {
+      const int64_t count = std::min(step, n - i);
+      auto [lo, hi] = at::vec::convert_to_float<scalar_t>(Vectorized<scalar_t>::loadu(src + i, count));
+      lo.store(dst + i, std::min(half, count));
+      if (count > half) hi.store(dst + i + half, count - half);
+    }
+  }
+}
+
+// Narrowing (round to nearest even) of a contiguous run: every element through the same vector code.
+template <typename scalar_t, typename acc_t = acc_type<scalar_t>>
+inline void narrow(const acc_t* src, scalar_t* dst, int64_t n) {
+  if constexpr (!is_half<scalar_t>) {
+    std::copy(src, src + n, dst);
+  } else {
+    constexpr int64_t step = Vectorized<scalar_t>::size(), half = Vectorized<float>::size();
+    for (int64_t i = 0; i < n; i += step) {
+      const int64_t count = std::min(step, n - i);
+      const auto lo = Vectorized<float>::loadu(src + i, std::min(half, count));
+      const auto hi = count > half ? Vectorized<float>::loadu(src + i + half, count - half) : Vectorized<float>(0.f);
+      at::vec::convert_from_float<scalar_t>(lo, hi).store(dst + i, count);
+    }
+  }
+}
+
+// n accumulated values into an output row whose elements are `stride` apart (1: NCHW; the channel
+// count: NHWC). Strided elements round one by one, to the same nearest-even result.
+template <typename scalar_t, typename acc_t = acc_type<scalar_t>>
+inline void store_row(const acc_t* src, scalar_t* dst, int64_t stride, int64_t n) {
+  if (stride == 1) {
+    narrow<scalar_t>(src, dst, n);
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i * stride] = static_cast<scalar_t>(src[i]);
+  }
+}
+
+}  // namespace CPU_CAPABILITY
+}  // namespace fuel

@@ -1,0 +1,77 @@
+// The per-ISA convolution entry: picks the path for a validated problem and runs it.
+//
+// Paths (each documented in its header): depthwise (one input channel per output channel),
+// wide kernel (long kernel rows, few outputs: weight gradients), and the chassis for the rest:
+// planar where the padded input copy fits its budget, gathering per task where it does not.
+// All read x and write out through their layouts (NCHW or NHWC) and the weight through its strides.
+#pragma once
+
+#include "chassis.h"
+#include "depthwise.h"
+#include "packing.h"
+#include "planar.h"
+#include "wide_kernel.h"
+
+namespace fuel {
+namespace CPU_CAPABILITY {
+
+template <typename scalar_t>
+void convolve_wide(const Problem& p, const scalar_t* x, const Layout& xl, const ConvOperands& o,
+                   const scalar_t* bias, scalar_t* out, const Layout& ol) {
+  using acc_t = acc_type<scalar_t>;
+  constexpr int64_t L = kWideLanes<acc_t>;
+  const int64_t row_len = (p.Kw + L - 1) / L * L;
+  const scalar_t* w = static_cast<const scalar_t*>(o.weight);
+  if constexpr (!is_half<scalar_t>) {
+    // A contiguous float weight whose rows are whole lane groups already is the packed layout.
+    if (o.weight_contiguous && row_len == p.Kw) return convolve_wide_kernel<scalar_t>(p, x, xl, w, bias, out, ol);
+  }
+  std::vector<acc_t> packed(p.Cout * (p.Cin / p.groups) * p.Kh * row_len);
+  pack_wide_weights<scalar_t>(p, w, o.weight_strides, row_len, packed.data());
+  convolve_wide_kernel<scalar_t>(p, x, xl, packed.data(), bias, out, ol);
+}
+
+template <typename scalar_t>
+void convolve_general(const Problem& p, const scalar_t* x, const Layout& xl, const ConvOperands& o,
+                      const scalar_t* bias, scalar_t* out, const Layout& ol) {
+  using acc_t = acc_type<scalar_t>;
+  Axis ax_h = make_axis(p, 0), ax_w = make_axis(p, 1);
+  std::vector<int64_t> offsets = phase_offsets(p, ax_h, ax_w);
+  const ChassisPlan plan = plan_chassis<acc_t>(p, std::move(ax_h), std::move(ax_w), std::move(offsets));
+  std::vector<acc_t> bias_acc(p.Cout, acc_t(0));
+  for (int64_t co = 0; bias && co < p.Cout; ++co) bias_acc[co] = static_cast<acc_t>(bias[co]);
+  const scalar_t* w = static_cast<const scalar_t*>(o.weight);
+  std::vector<acc_t> packed;
+  const acc_t* w_rows = nullptr;
+  if constexpr (!is_half<scalar_t>) {
+    // [Cout, Cin / groups, Kh, Kw] contiguous already is the packed conv2d layout: read it in place.
+    if (!p.transpose && o.weight_contiguous) w_rows = w;
+  }
+  if (!w_rows) {
+    packed.resize((p.transpose ? p.Cin * (p.Cout / p.groups) : p.Cout * (p.Cin / p.groups)) * p.Kh * p.Kw);
+    pack_chassis_weights<scalar_t>(p, plan.ax_h, plan.ax_w, plan.phase_offsets, w, o.weight_strides, packed.data());
+    w_rows = packed.data();
+  }
+  const PaddedPlanes planes = padded_planes(plan.ax_h, plan.ax_w, kVectorBlock * Vectorized<acc_t>::size());
+  if (planes_fit<acc_t>(p, planes)) {
+    return convolve_planar<scalar_t>(p, plan, planes, x, xl, w_rows, bias_acc.data(), out, ol);
+  }
+  convolve_chassis<scalar_t>(p, plan, x, xl, w_rows, bias_acc.data(), out, ol);
+}
+
+template <typename scalar_t>
+void convolve(const Problem& p, const ConvOperands& o) {
+  if (p.N == 0 || p.Cout == 0 || p.Ho == 0 || p.Wo == 0) return;
+  const scalar_t* x = static_cast<const scalar_t*>(o.x);
+  const scalar_t* bias = static_cast<const scalar_t*>(o.bias);
+  scalar_t* out = static_cast<scalar_t*>(o.out);
+  if (is_depthwise(p)) {
+    return convolve_depthwise<scalar_t>(p, x, o.x_layout, static_cast<const scalar_t*>(o.weight), o.weight_strides,
+                                        bias, out, o.out_layout);
+  }
+  if (is_wide_kernel<acc_type<scalar_t>>(p)) return convolve_wide<scalar_t>(p, x, o.x_layout, o, bias, out, o.out_layout);
+  convolve_general<scalar_t>(p, x, o.x_layout, o, bias, out, o.out_layout);
+}
+
+}  // namespace CPU_CAPABILITY
+}  // namespace fuel

@@ -1,0 +1,116 @@
+// The register-blocked micro-kernel of the chassis: a block of output channels times a block of
+// gathered positions, over one chunk of taps, in the fixed summation order.
+//
+// One template for every dtype and ISA level: Vectorized<acc_t> is the level's vector (8 floats on
+// AVX2, 16 on AVX-512), and the source is compiled once per level.
+#pragma once
+
+#include "kernel_common.h"
+
+namespace fuel {
+namespace CPU_CAPABILITY {
+
+constexpr int kChannelBlock = 6;  // output channels per register block (12 accumulators)
+constexpr int kVectorBlock = 2;   // vectors of positions per register block
+// Taps per piece: a chunk is multiplied in pieces so that the inputs one position block reads from
+// a piece (two cache lines per tap when unaligned) stay in L1 while every channel block reads them.
+// The chunk's running sum waits in `partial` between pieces, so the order of the sums is unchanged.
+constexpr int64_t kPiece = 64;
+static_assert(kTapChunk % kPiece == 0 && kPiece % kBlock == 0, "pieces must hold whole blocks of one chunk");
+
+// outer[c][0..VB vectors) += sum over taps [0, taps) of w[c][t] * cols[t][p..p + VB vectors), for CB
+// channels. cols[t] is tap t's row of inputs: a gathered row, or a run of a padded input plane.
+// The taps (one chunk, at most kTapChunk, starting at a multiple of it) are summed in
+// three levels: blocks of kBlock taps as fused chains, the chunk's blocks from zero, then the chunk
+// into the running total; in the first chunk the first chain starts at the running total (the
+// bias) and the chunk sum replaces it. Block and chunk boundaries sit at fixed multiples from the
+// first tap, so the order of every sum is fixed by the geometry; CB and VB only choose how many
+// sums run side by side.
+template <typename acc_t, int CB, int VB>
+inline void multiply_block(const acc_t* w, int64_t ldw, const acc_t* const* cols, int64_t p, int64_t first_tap,
+                           int64_t end_tap, bool last_piece, acc_t* outer, acc_t* partial, int64_t ldo,
+                           bool first_chunk) {
+  using Vec = Vectorized<acc_t>;
+  constexpr int64_t V = Vec::size();
+  Vec chunk[CB][VB];
+  for (int c = 0; c < CB; ++c) {
+    for (int v = 0; v < VB; ++v) chunk[c][v] = first_tap == 0 ? Vec(acc_t(0)) : Vec::loadu(partial + c * ldo + v * V);
+  }
+  for (int64_t t0 = first_tap; t0 < end_tap; t0 += kBlock) {
+    const int64_t t1 = std::min(end_tap, t0 + kBlock);
+    // The very first block's chain starts at the running total (the bias), so that a short sum is
+    // one fused chain from the bias, rounded once per tap.
+    const bool from_bias = first_chunk && t0 == 0;
+    Vec acc[CB][VB];
+    for (int c = 0; c < CB; ++c) {
+      for (int v = 0; v < VB; ++v) acc[c][v] = from_bias ? Vec::loadu(outer + c * ldo + v * V) : Vec(acc_t(0));
+    }
+    for (int64_t t = t0; t < t1; ++t) {
+      Vec xv[VB];
+      const acc_t* col = cols[t] + p;
+      for (int v = 0; v < VB; ++v) xv[v] = Vec::loadu(col + v * V);
+      for (int c = 0; c < CB; ++c) {
+        const Vec wv(w[c * ldw + t]);
+        for (int v = 0; v < VB; ++v) acc[c][v] = at::vec::fmadd(wv, xv[v], acc[c][v]);
+      }
+    }
+    for (int c = 0; c < CB; ++c) {
+      for (int v = 0; v < VB; ++v) chunk[c][v] = chunk[c][v] + acc[c][v];
+    }
+  }
+  for (int c = 0; c < CB; ++c) {
+    for (int v = 0; v < VB; ++v) {
+      acc_t* o = outer + c * ldo + v * V;
+      if (!last_piece) {
+        chunk[c][v].store(partial + c * ldo + v * V);
+      } else {
+        (first_chunk ? chunk[c][v] : Vec::loadu(o) + chunk[c][v]).store(o);
+      }
+    }
+  }
+}
+
+// All rows x all positions of one tap chunk, piece by piece; within a piece, positions go in the
+// outer loop so that the piece's inputs for a position block stay in L1 while every channel block
+// reads them. width is a multiple of kVectorBlock vectors; partial has outer's shape.
+template <typename acc_t>
+void multiply(int64_t rows, const acc_t* w, int64_t ldw, const acc_t* const* cols, int64_t taps, acc_t* outer,
+              acc_t* partial, int64_t ldo, int64_t width, bool first_chunk) {
+  constexpr int64_t V = Vectorized<acc_t>::size(), step = kVectorBlock * V;
+  for (int64_t s0 = 0; s0 < taps; s0 += kPiece) {
+    const int64_t s1 = std::min(taps, s0 + kPiece);
+    const bool last = s1 == taps;
+    int64_t p = 0;
+    // Few channels: wider position blocks keep enough independent sums in flight to hide the fused
+    // multiply-add latency.
+    if (rows == 1) {
+      for (; p + 6 * V <= width; p += 6 * V) {
+        multiply_block<acc_t, 1, 6>(w, ldw, cols, p, s0, s1, last, outer + p, partial + p, ldo, first_chunk);
+      }
+    } else if (rows == 2) {
+      for (; p + 4 * V <= width; p += 4 * V) {
+        multiply_block<acc_t, 2, 4>(w, ldw, cols, p, s0, s1, last, outer + p, partial + p, ldo, first_chunk);
+      }
+    }
+    for (; p < width; p += step) {
+      int64_t c = 0;
+      for (; c + kChannelBlock <= rows; c += kChannelBlock) {
+        multiply_block<acc_t, kChannelBlock, kVectorBlock>(w + c * ldw, ldw, cols, p, s0, s1, last,
+                                                           outer + c * ldo + p, partial + c * ldo + p, ldo, first_chunk);
+      }
+      const acc_t* wc = w + c * ldw;
+      acc_t *oc = outer + c * ldo + p, *pc = partial + c * ldo + p;
+      switch (rows - c) {
+        case 5: multiply_block<acc_t, 5, kVectorBlock>(wc, ldw, cols, p, s0, s1, last, oc, pc, ldo, first_chunk); break;
+        case 4: multiply_block<acc_t, 4, kVectorBlock>(wc, ldw, cols, p, s0, s1, last, oc, pc, ldo, first_chunk); break;
+        case 3: multiply_block<acc_t, 3, kVectorBlock>(wc, ldw, cols, p, s0, s1, last, oc, pc, ldo, first_chunk); break;
+        case 2: multiply_block<acc_t, 2, kVectorBlock>(wc, ldw, cols, p, s0, s1, last, oc, pc, ldo, first_chunk); break;
+        case 1: multiply_block<acc_t, 1, kVectorBlock>(wc, ldw, cols, p, s0, s1, last, oc, pc, ldo, first_chunk); break;
+        default: break;
+      }
+    }
+  }
+}
+
+}  // namespace CPU_CAPABILITY
+}  // namespace fuel

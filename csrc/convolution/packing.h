@@ -1,0 +1,74 @@
+// Weight packing: the weights as accumulator-type rows in the order the kernels read them.
+//
+// Chassis: W[g][phase][co][t], t = (ci, kh, kw) over the taps that reach the phase, in order.
+// Wide-kernel path: W[co][ci][kh][row], each kernel row padded with zeros to whole vectors.
+// Either reads the weight tensor through its strides (contiguous or channels_last).
+#pragma once
+
+#include "axes.h"
+#include "kernel_common.h"
+
+namespace fuel {
+namespace CPU_CAPABILITY {
+
+// Offsets of each phase's block inside one group's packed weights.
+inline std::vector<int64_t> phase_offsets(const Problem& p, const Axis& ax_h, const Axis& ax_w) {
+  const int64_t Cin_g = p.Cin / p.groups, Cout_g = p.Cout / p.groups;
+  std::vector<int64_t> offsets;
+  int64_t base = 0;
+  for (const Phase& ph : ax_h.phases) {
+    for (const Phase& pw : ax_w.phases) {
+      offsets.push_back(base);
+      base += Cout_g * Cin_g * static_cast<int64_t>(ph.taps.size() * pw.taps.size());
+    }
+  }
+  return offsets;
+}
+
+// ws: the weight tensor's element strides. conv2d weights are [Cout, Cin / g, Kh, Kw],
+// conv_transpose2d weights [Cin, Cout / g, Kh, Kw].
+template <typename scalar_t, typename acc_t = acc_type<scalar_t>>
+void pack_chassis_weights(const Problem& p, const Axis& ax_h, const Axis& ax_w, const std::vector<int64_t>& offsets,
+                          const scalar_t* w, const int64_t* ws, acc_t* packed) {
+  const int64_t G = p.groups, Cin_g = p.Cin / G, Cout_g = p.Cout / G;
+  const int64_t n_ph = static_cast<int64_t>(ax_h.phases.size()), n_pw = static_cast<int64_t>(ax_w.phases.size());
+  const int64_t group_size = Cout_g * Cin_g * p.Kh * p.Kw;
+  // Threads only for weights worth it: waking them costs more than packing a small kernel.
+  const int64_t per_item = std::max<int64_t>(1, group_size / (n_ph * n_pw));
+  at::parallel_for(0, G * n_ph * n_pw, std::max<int64_t>(1, (1 << 16) / per_item), [&](int64_t first, int64_t last) {
+    for (int64_t item = first; item < last; ++item) {
+      const int64_t g = item / (n_ph * n_pw), i = item / n_pw % n_ph, j = item % n_pw;
+      const auto &th = ax_h.phases[i].taps, &tw = ax_w.phases[j].taps;
+      acc_t* dst = packed + g * group_size + offsets[i * n_pw + j];
+      for (int64_t co = 0; co < Cout_g; ++co) {
+        for (int64_t ci = 0; ci < Cin_g; ++ci) {
+          const int64_t base = p.transpose ? (g * Cin_g + ci) * ws[0] + co * ws[1] : (g * Cout_g + co) * ws[0] + ci * ws[1];
+          for (const Tap& a : th) {
+            for (const Tap& b : tw) *dst++ = static_cast<acc_t>(w[base + a.k * ws[2] + b.k * ws[3]]);
+          }
+        }
+      }
+    }
+  });
+}
+
+template <typename scalar_t, typename acc_t = acc_type<scalar_t>>
+void pack_wide_weights(const Problem& p, const scalar_t* w, const int64_t* ws, int64_t row_len, acc_t* packed) {
+  const int64_t rows = p.Cout * (p.Cin / p.groups) * p.Kh, Cin_g = p.Cin / p.groups;
+  at::parallel_for(0, rows, std::max<int64_t>(1, (1 << 16) / row_len), [&](int64_t first, int64_t last) {
+    for (int64_t r = first; r < last; ++r) {
+      const int64_t kh = r % p.Kh, ci = r / p.Kh % Cin_g, co = r / p.Kh / Cin_g;
+      const scalar_t* src = w + co * ws[0] + ci * ws[1] + kh * ws[2];
+      acc_t* dst = packed + r * row_len;
+      if (ws[3] == 1) {
+        widen<scalar_t>(src, dst, p.Kw);
+      } else {
+        for (int64_t kw = 0; kw < p.Kw; ++kw) dst[kw] = static_cast<acc_t>(src[kw * ws[3]]);
+      }
+      zero(dst + p.Kw, row_len - p.Kw);
+    }
+  });
+}
+
+}  // namespace CPU_CAPABILITY
+}  // namespace fuel

@@ -1,0 +1,184 @@
+// The planar path of the chassis: every convolution whose padded input copy stays modest.
+//
+// Instead of gathering every tap's inputs per task, the input is copied once per call into
+// zero-padded planes, widened to the accumulator type (and from NHWC to planes where the input is
+// channels_last). A strided conv2d splits each channel into stride x stride planes by residue
+// (space to depth), so that along every plane a tap steps by 1: tap offset o = in_step * q + r
+// reads plane r at row/column j + q. conv_transpose2d steps by 1 in every phase already. A task's
+// positions are then whole grid rows of one phase laid out with the planes' pitch Wp,
+// q = jh * Wp + jw, and tap t's inputs for them are one contiguous run of its plane, which the
+// micro-kernel reads in place. The Wp - count columns past each grid row are computed and dropped.
+// The taps, their order and the micro-kernel are the chassis's, so are the bits.
+#pragma once
+
+#include "axes.h"
+#include "chassis.h"
+#include "kernel_common.h"
+#include "micro_kernel.h"
+
+namespace fuel {
+namespace CPU_CAPABILITY {
+
+// A tap offset o (input = in_step * j + o) as plane residue r and plane shift q: o = in_step * q + r.
+struct Split {
+  int64_t q, r;
+};
+
+inline Split split(int64_t offset, int64_t in_step) {
+  const int64_t q = floor_div(offset, in_step);
+  return {q, offset - q * in_step};
+}
+
+struct PaddedPlanes {
+  int64_t step_h = 1, step_w = 1;  // residues per axis (the input step: conv2d's stride, else 1)
+  int64_t min_h = 0, min_w = 0;    // the smallest plane shift a tap reads (negative: padding)
+  int64_t Hp = 0, Wp = 0, size = 0;
+};
+
+inline PaddedPlanes padded_planes(const Axis& ax_h, const Axis& ax_w, int64_t block_width) {
+  PaddedPlanes pl{ax_h.in_step, ax_w.in_step};
+  auto extent = [](const Axis& ax, int64_t& min_shift) {
+    int64_t lo = 0, hi = 0, count = 0;
+    bool first = true;
+    for (const Phase& ph : ax.phases) {
+      count = std::max(count, ph.count);
+      for (const Tap& t : ph.taps) {
+        const int64_t q = split(t.offset, ax.in_step).q;
+        lo = first ? q : std::min(lo, q), hi = first ? q : std::max(hi, q), first = false;
+      }
+    }
+    min_shift = lo;
+    return count + hi - lo;
+  };
+  pl.Hp = extent(ax_h, pl.min_h);
+  pl.Wp = extent(ax_w, pl.min_w);
+  // A task's last vector block may run up to block_width - 1 past its last grid row, and every
+  // tap's run starts up to Wp - count columns after its row: the slack keeps those reads inside.
+  pl.size = pl.Hp * pl.Wp + pl.Wp + block_width;
+  return pl;
+}
+
+template <typename acc_t>
+bool planes_fit(const Problem& p, const PaddedPlanes& pl) {
+  const double bytes = double(p.N) * p.Cin * pl.step_h * pl.step_w * pl.size * sizeof(acc_t);
+  return bytes < double(1 << 28);
+}
+
+// planes[((n * Cin + c) * step_h + rh) * step_w + rw][i][j] = x[n][c][step_h * (i + min_h) + rh]
+// [step_w * (j + min_w) + rw], zero outside x.
+template <typename scalar_t, typename acc_t = acc_type<scalar_t>>
+void fill_padded_planes(const Problem& p, const PaddedPlanes& pl, const scalar_t* x, const Layout& xl, acc_t* planes) {
+  const int64_t per_channel = pl.step_h * pl.step_w;
+  at::parallel_for(0, p.N * p.Cin * per_channel, std::max<int64_t>(1, (1 << 14) / pl.size), [&](int64_t first, int64_t last) {
+    for (int64_t index = first; index < last; ++index) {
+      const int64_t rw = index % pl.step_w, rh = index / pl.step_w % pl.step_h, plane = index / per_channel;
+      const scalar_t* src = x + plane / p.Cin * xl.n + plane % p.Cin * xl.c;
+      acc_t* dst = planes + index * pl.size;
+      // Plane column j reads input column step_w * (j + min_w) + rw, inside [0, W) for j in [lo, hi).
+      const int64_t lo = std::clamp<int64_t>(-floor_div(rw + pl.step_w * pl.min_w, pl.step_w), 0, pl.Wp);
+      const int64_t hi = std::clamp<int64_t>(floor_div(p.W - 1 - rw, pl.step_w) - pl.min_w + 1, lo, pl.Wp);
+      const int64_t step = pl.step_w * xl.w;
+      for (int64_t i = 0; i < pl.Hp; ++i) {
+        acc_t* row = dst + i * pl.Wp;
+        const int64_t ih = pl.step_h * (i + pl.min_h) + rh;
+        if (ih < 0 || ih >= p.H) {
+          zero(row, pl.Wp);
+          continue;
+        }
+        zero(row, lo);
+        const scalar_t* in = src + ih * xl.h + (pl.step_w * (lo + pl.min_w) + rw) * xl.w;
+        if (step == 1) {
+          widen<scalar_t>(in, row + lo, hi - lo);
+        } else {
+          for (int64_t j = 0; j < hi - lo; ++j) row[lo + j] = static_cast<acc_t>(in[j * step]);
+        }
+        zero(row + hi, pl.Wp - hi);
+      }
+      zero(dst + pl.Hp * pl.Wp, pl.size - pl.Hp * pl.Wp);
+    }
+  });
+}
+
+// Tap t's run for grid row 0 of a phase, for every tap of the phase in the chassis order.
+template <typename acc_t>
+void tap_runs(const Problem& p, const PaddedPlanes& pl, const Phase& ph, const Phase& pw, const acc_t* image_planes,
+              int64_t g, std::vector<const acc_t*>& runs) {
+  const int64_t Cin_g = p.Cin / p.groups, per_channel = pl.step_h * pl.step_w;
+  runs.clear();
+  for (int64_t ci = 0; ci < Cin_g; ++ci) {
+    const acc_t* channel = image_planes + (g * Cin_g + ci) * per_channel * pl.size;
+    for (const Tap& a : ph.taps) {
+      const Split sa = split(a.offset, pl.step_h);
+      for (const Tap& b : pw.taps) {
+        const Split sb = split(b.offset, pl.step_w);
+        runs.push_back(channel + (sa.r * pl.step_w + sb.r) * pl.size + (sa.q - pl.min_h) * pl.Wp + (sb.q - pl.min_w));
+      }
+    }
+  }
+}
+
+template <typename scalar_t>
+void convolve_planar(const Problem& p, const ChassisPlan& plan, const PaddedPlanes& pl, const scalar_t* x,
+                     const Layout& xl, const acc_type<scalar_t>* w_rows, const acc_type<scalar_t>* bias, scalar_t* out,
+                     const Layout& ol) {
+  using acc_t = acc_type<scalar_t>;
+  constexpr int64_t block_width = kVectorBlock * Vectorized<acc_t>::size();
+  std::vector<acc_t> planes(p.N * p.Cin * pl.step_h * pl.step_w * pl.size);
+  fill_padded_planes<scalar_t>(p, pl, x, xl, planes.data());
+
+  const int64_t G = p.groups, Cin_g = p.Cin / G, Cout_g = p.Cout / G, group_size = Cout_g * Cin_g * p.Kh * p.Kw;
+  const int64_t n_ph = static_cast<int64_t>(plan.ax_h.phases.size()), n_pw = static_cast<int64_t>(plan.ax_w.phases.size());
+  const int64_t co_chunks = (Cout_g + kChannelChunk - 1) / kChannelChunk;
+  int64_t max_rows = 1;
+  for (const Phase& ph : plan.ax_h.phases) max_rows = std::max(max_rows, ph.count);
+  // Grid rows per task: as many as keep the running totals within kScratchBytes, but enough tasks
+  // for every thread. Any split gives the same bits.
+  const int64_t budget = kScratchBytes / static_cast<int64_t>(sizeof(acc_t)) / plan.chunk_rows;
+  const int64_t others = p.N * G * n_ph * n_pw * co_chunks;
+  const int64_t wanted_blocks = (2 * at::get_num_threads() + others - 1) / others;
+  const int64_t rows_per_task =
+      std::clamp<int64_t>(std::min(budget / pl.Wp, (max_rows + wanted_blocks - 1) / wanted_blocks), 1, max_rows);
+  const int64_t row_blocks = (max_rows + rows_per_task - 1) / rows_per_task;
+  const int64_t ld = (rows_per_task * pl.Wp + block_width - 1) / block_width * block_width;
+  const int64_t image_size = p.Cin * pl.step_h * pl.step_w * pl.size;
+
+  at::parallel_for(0, others * row_blocks, 1, [&](int64_t first_task, int64_t last_task) {
+    std::vector<acc_t> outer(plan.chunk_rows * ld), partial(outer.size());
+    std::vector<const acc_t*> runs;
+    for (int64_t task = first_task; task < last_task; ++task) {
+      int64_t rest = task;
+      const int64_t chunk = rest % co_chunks; rest /= co_chunks;
+      const int64_t block = rest % row_blocks; rest /= row_blocks;
+      const int64_t j = rest % n_pw; rest /= n_pw;
+      const int64_t i = rest % n_ph; rest /= n_ph;
+      const int64_t g = rest % G, n = rest / G;
+      const Phase &ph = plan.ax_h.phases[i], &pw = plan.ax_w.phases[j];
+      const int64_t jh0 = block * rows_per_task, jh1 = std::min(ph.count, jh0 + rows_per_task);
+      if (jh0 >= jh1) continue;  // a phase with fewer grid rows than the longest
+      const int64_t taps = Cin_g * static_cast<int64_t>(ph.taps.size() * pw.taps.size());
+      const int64_t width = ((jh1 - jh0) * pl.Wp + block_width - 1) / block_width * block_width;
+      const int64_t co0 = chunk * kChannelChunk, rows = std::min(kChannelChunk, Cout_g - co0);
+      const acc_t* w = w_rows + g * group_size + plan.phase_offsets[i * n_pw + j] + co0 * taps;
+      for (int64_t c = 0; c < rows; ++c) std::fill_n(outer.data() + c * ld, width, bias[g * Cout_g + co0 + c]);
+      tap_runs<acc_t>(p, pl, ph, pw, planes.data() + n * image_size, g, runs);
+      for (acc_t const*& run : runs) run += jh0 * pl.Wp;
+      for (int64_t t0 = 0; t0 < taps; t0 += kTapChunk) {
+        const int64_t t1 = std::min(taps, t0 + kTapChunk);
+        multiply<acc_t>(rows, w + t0, taps, runs.data() + t0, t1 - t0, outer.data(), partial.data(), ld, width,
+                        t0 == 0);
+      }
+      // Grid position (jh, jw) is output (r_h + out_step_h * jh, r_w + out_step_w * jw).
+      const int64_t step = plan.ax_w.out_step * ol.w;
+      for (int64_t c = 0; c < rows; ++c) {
+        scalar_t* dst = out + n * ol.n + (g * Cout_g + co0 + c) * ol.c + pw.r * ol.w;
+        for (int64_t jh = jh0; jh < jh1; ++jh) {
+          store_row<scalar_t>(outer.data() + c * ld + (jh - jh0) * pl.Wp,
+                              dst + (ph.r + plan.ax_h.out_step * jh) * ol.h, step, pw.count);
+        }
+      }
+    }
+  });
+}
+
+}  // namespace CPU_CAPABILITY
+}  // namespace fuel
