@@ -21,6 +21,15 @@ def compile_args():
     return args
 
 
+def sanitizer_args():
+    """FUEL_SANITIZE=1: AddressSanitizer + UndefinedBehaviorSanitizer, for compile and link alike.
+    tools/sanitize.sh builds with it in a separate tree and runs the tests with the runtime preloaded."""
+    if os.environ.get("FUEL_SANITIZE") != "1":
+        return []
+    # -O1: the usual sanitizer level (readable reports, a faster build); later -O flags win.
+    return ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g1", "-O1"]
+
+
 setup(
     packages=["fuel_torch", "fuel_torch.judge", "fuel_torch._contract_files"],
     # contracts/ is the single source of truth at the top of the repo; it ships inside the package.
@@ -30,8 +39,8 @@ setup(
         CppExtension(
             name="fuel_torch._C",
             sources=sorted(os.path.join("csrc", f) for f in os.listdir("csrc") if f.endswith(".cpp")),
-            extra_compile_args=compile_args(),
-            extra_link_args=["-fopenmp"],
+            extra_compile_args=compile_args() + sanitizer_args(),
+            extra_link_args=["-fopenmp"] + sanitizer_args(),
         )
     ],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
