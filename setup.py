@@ -69,6 +69,15 @@ class BuildWithLevels(BuildExtension):
         super().build_extension(ext)
 
 
+def sanitizer_args():
+    """FUEL_SANITIZE=1: AddressSanitizer + UndefinedBehaviorSanitizer, for compile and link alike.
+    tools/sanitize.sh builds with it in a separate tree and runs the tests with the runtime preloaded."""
+    if os.environ.get("FUEL_SANITIZE") != "1":
+        return []
+    # -O1: the usual sanitizer level (readable reports, a faster build); later -O flags win.
+    return ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g1", "-O1"]
+
+
 setup(
     packages=["fuel_torch", "fuel_torch.judge", "fuel_torch._contract_files", "fuel_torch.planner"],
     # contracts/ is the single source of truth at the top of the repo; it ships inside the package.
@@ -81,8 +90,8 @@ setup(
             sources=sources("csrc") + sources(os.path.join("csrc", "convolution")),
             # Kernel sources and headers are not all in `sources`: listed here so editing one relinks.
             depends=sorted(os.path.join(root, f) for root, _, files in os.walk("csrc") for f in files),
-            extra_compile_args=list(COMPILE_ARGS),
-            extra_link_args=["-fopenmp"],
+            extra_compile_args=COMPILE_ARGS + sanitizer_args(),  # the per-level objects get them too
+            extra_link_args=["-fopenmp"] + sanitizer_args(),
         )
     ],
     cmdclass={"build_ext": BuildWithLevels.with_options(use_ninja=True)},

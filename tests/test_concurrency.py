@@ -18,13 +18,6 @@ from fuel_torch.reference import bit_equal
 
 THREADS = 8
 ROUNDS = 3
-# Known bug, found by test_thread_count_never_changes_a_bit_nan_payloads_included: float64 add and mul
-# of two NaNs return lhs's payload on one thread and rhs's when the work is split (csrc/elementwise.cpp:
-# the compiler commutes the operands differently in the inlined and the OpenMP-outlined copies of the
-# loop). torch.set_num_threads is process-wide, so here those NaN pairs would make the comparison
-# racy; they are left out of the concurrent run until the kernel is fixed. Remove this set, and the
-# xfail marker below, together.
-NAN_PAYLOAD_DEPENDS_ON_THREADS = {("add", torch.float64), ("mul", torch.float64)}
 
 
 def operands(op: str, dtype: torch.dtype, numel: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,9 +37,6 @@ def calls() -> list[tuple[str, object]]:
             packet = getattr(torch.ops.fuel, op)
             for numel in (33, 200_003):
                 lhs, rhs = operands(op, dtype, numel)
-                if (op, dtype) in NAN_PAYLOAD_DEPENDS_ON_THREADS:
-                    both_nan = torch.isnan(lhs) & torch.isnan(rhs)
-                    lhs[both_nan] = 1.0
                 made.append((f"{op} {dtype} {numel}", lambda p=packet, a=lhs, b=rhs: p(a, b)))
                 made.append((f"{op}.out {dtype} {numel}",
                              lambda p=packet, a=lhs, b=rhs: p.out(a, b, out=torch.empty_like(a))))
@@ -99,12 +89,7 @@ def test_eight_threads_with_changing_thread_counts_match_serial_calls():
     assert len(work) >= 80
 
 
-@pytest.mark.parametrize("dtype", [
-    pytest.param(dtype, marks=pytest.mark.xfail(
-        strict=True, reason="float64 add/mul NaN payloads depend on the thread count (see "
-                            "NAN_PAYLOAD_DEPENDS_ON_THREADS); a kernel fix in csrc/elementwise.cpp"))
-    if any(d == dtype for _, d in NAN_PAYLOAD_DEPENDS_ON_THREADS) else dtype
-    for dtype in DTYPES], ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_thread_count_never_changes_a_bit_nan_payloads_included(dtype):
     """The parity suite's thread-count test uses finite data; this one has every special value."""
     previous = torch.get_num_threads()

@@ -36,14 +36,18 @@ void gather(const scalar_t* plane, const Layout& xl, int64_t in_step_h, int64_t 
       zero(d + seg.jw0, seg.jw1 - seg.jw0);
       continue;
     }
-    const scalar_t* row = plane + (in_step_h * seg.jh + a.offset) * xl.h + b.offset * xl.w;
     const int64_t lo = std::clamp(b.lo, seg.jw0, seg.jw1), hi = std::clamp(b.hi, lo, seg.jw1);
     zero(d + seg.jw0, lo - seg.jw0);
-    const int64_t step = in_step_w * xl.w;
-    if (step == 1) {
-      widen<scalar_t>(row + lo, d + lo, hi - lo);
-    } else {
-      for (int64_t jw = lo; jw < hi; ++jw) d[jw] = static_cast<acc_t>(row[step * jw]);
+    // The row's address only where a column reads it: with an empty input `plane` is null, and even
+    // an unused offset from it is undefined behaviour (UBSan: tools/sanitize.sh).
+    if (hi > lo) {
+      const scalar_t* row = plane + (in_step_h * seg.jh + a.offset) * xl.h + b.offset * xl.w;
+      const int64_t step = in_step_w * xl.w;
+      if (step == 1) {
+        widen<scalar_t>(row + lo, d + lo, hi - lo);
+      } else {
+        for (int64_t jw = lo; jw < hi; ++jw) d[jw] = static_cast<acc_t>(row[step * jw]);
+      }
     }
     zero(d + hi, seg.jw1 - hi);
   }

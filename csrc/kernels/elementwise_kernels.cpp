@@ -27,14 +27,22 @@ namespace {
 
 using at::vec::Vectorized;
 
+// With two NaN operands x86 returns the first source operand's payload, and the compiler may
+// commute a commutative operation differently in each inlined copy of the loop (the OpenMP-outlined
+// one included), so the payload would depend on the thread count. A NaN lhs therefore decides the
+// result itself: lhs quieted (a op a of a NaN is that NaN, quiet).
+template <typename V>
+V lhs_nan_wins(const V& result, const V& a, const V& a_op_a) {
+  return V::blendv(result, a_op_a, a != a);
+}
 struct Add {
-  template <typename V> static V apply(const V& a, const V& b) { return a + b; }
+  template <typename V> static V apply(const V& a, const V& b) { return lhs_nan_wins(a + b, a, a + a); }
 };
 struct Sub {
   template <typename V> static V apply(const V& a, const V& b) { return a - b; }
 };
 struct Mul {
-  template <typename V> static V apply(const V& a, const V& b) { return a * b; }
+  template <typename V> static V apply(const V& a, const V& b) { return lhs_nan_wins(a * b, a, a * a); }
 };
 struct Div {
   template <typename V> static V apply(const V& a, const V& b) { return a / b; }
