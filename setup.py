@@ -36,6 +36,20 @@ def sources(folder):
     return sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".cpp"))
 
 
+def levels_to_build():
+    """LEVELS, or with FUEL_BUILD_LEVELS=native only those this machine's CPU runs (the sanitizer
+    build, tools/sanitize.sh, tests only what can run here and so compiles a third less)."""
+    if os.environ.get("FUEL_BUILD_LEVELS") != "native":
+        return LEVELS
+    try:
+        with open("/proc/cpuinfo") as info:
+            flags = set(next(line for line in info if line.startswith("flags")).split(":", 1)[1].split())
+    except (OSError, StopIteration):
+        flags = set()
+    needs = {"AVX2": {"avx2", "fma", "f16c"}, "AVX512": {"avx512f", "avx512bw", "avx512vl", "avx512dq"}}
+    return {level: f for level, f in LEVELS.items() if needs.get(level, set()) <= flags}
+
+
 def compiler_supports(compiler, flags):
     """Whether the compiler accepts a level's flags (an old compiler may lack AVX-512)."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -52,7 +66,7 @@ class BuildWithLevels(BuildExtension):
         compiler = self.compiler.compiler_so[0]
         common_args = list(ext.extra_compile_args)  # COMPILE_ARGS plus what BuildExtension added
         ext.extra_objects = []
-        for level, flags in LEVELS.items():
+        for level, flags in levels_to_build().items():
             if level != "DEFAULT" and not compiler_supports(compiler, flags):
                 print(f"fuel_torch: the compiler cannot target {level}; building without those kernels")
                 continue

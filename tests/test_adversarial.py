@@ -162,13 +162,14 @@ def _conv_calls():
         for label, bad_x in {"rank 3": _t(4, 6, 6), "rank 5": _t(1, 4, 6, 6, 1), "rank 0": torch.tensor(1.0),
                              "int32": x.int(), "bool": x.bool(), "complex": x.to(torch.complex64),
                              "f64 x, f32 w": x.double(), "meta x": x.to("meta"), "transposed": x.transpose(2, 3),
-                             "channels_last": x.contiguous(memory_format=torch.channels_last),
+                             # channels_last itself is accepted; a permuted channels_last tensor is neither layout.
+                             "channels_last transposed": x.contiguous(memory_format=torch.channels_last).transpose(2, 3),
                              "offset": _t(1 + x.numel())[1:].reshape(x.shape), "expanded": _t(1, 4, 1, 1).expand(1, 4, 6, 6),
                              "sparse": x.to_sparse(), "mkldnn": x.to_mkldnn()}.items():
             kind = "contract" if label not in ("sparse", "mkldnn") else "names_op"
             calls.append((f"{op}(x {label})", kind, op, lambda p=packet, v=bad_x, w=w: p(v, w)))
         for label, bad_w in {"rank 3": _t(4, 4, 3), "transposed": w.transpose(2, 3),
-                             "channels_last": w.contiguous(memory_format=torch.channels_last),
+                             "channels_last transposed": w.contiguous(memory_format=torch.channels_last).transpose(2, 3),
                              "expanded": _t(1, 4, 3, 3).expand(4, 4, 3, 3), "half": w.half()}.items():
             calls.append((f"{op}(weight {label})", "contract", op, lambda p=packet, v=bad_w: p(x, v)))
         for label, bad_b in {"rank 2": _t(4, 1), "length 5": _t(5), "step": _t(8)[::2], "f64": bias.double(),
@@ -207,7 +208,9 @@ def _conv_calls():
             "out is x is weight": (tiny_x, tiny_x, None, tiny_x),
             "wrong shape": (x, w, None, torch.empty(1, 4, 5, 5)),
             "wrong dtype": (same, ones, None, torch.empty(1, 4, 4, 4, dtype=torch.float64)),
-            "channels_last out": (same, ones, None, torch.empty(1, 4, 4, 4).contiguous(memory_format=torch.channels_last)),
+            "channels_last transposed out": (same, ones, None,
+                                             torch.empty(1, 4, 4, 4).contiguous(memory_format=torch.channels_last)
+                                             .transpose(2, 3)),
             "offset out": (same, ones, None, torch.empty(1 + 64)[1:].view(1, 4, 4, 4)),
             "expanded out": (same, ones, None, torch.empty(1, 4, 4, 1).expand(1, 4, 4, 4)),
             "meta out": (same, ones, None, torch.empty(1, 4, 4, 4, device="meta")),

@@ -49,7 +49,7 @@ tar -C "$repo" --exclude='*.so' --exclude=__pycache__ -cf - "${items[@]}" | tar 
 ln -sfn ../contracts "$tree/fuel_torch/_contract_files"
 
 cd "$tree"
-FUEL_SANITIZE=1 MAX_JOBS="${MAX_JOBS:-2}" "$python" setup.py -q build_ext --inplace >build.log 2>&1 \
+FUEL_SANITIZE=1 FUEL_BUILD_LEVELS=native MAX_JOBS="${MAX_JOBS:-2}" "$python" setup.py -q build_ext --inplace >build.log 2>&1 \
   || { tail -40 build.log; echo "sanitize.sh: the sanitizer build failed (log: $tree/build.log)" >&2; exit 2; }
 
 compiler="${CXX:-c++}"
