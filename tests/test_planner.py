@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 import fuel_torch
+from fuel_torch import costmodel
 from fuel_torch.planner import cost as planner_cost
 
 torch._dynamo.config.cache_size_limit = 64
@@ -97,10 +98,11 @@ def _calibration(path, elementwise=(1e-6, 10e9, 1e-6, 10e9), conv=(1e-6, 100e9, 
         kernels[contract.kernel] = {"op": contract.op, "dtype": str(contract.dtype), "basis": basis,
                                     "launch_overhead_s": ours_s, "per_second": ours_rate,
                                     "torch": {"launch_overhead_s": theirs_s, "per_second": theirs_rate}}
-    path.write_text(json.dumps({"format": "fuel-torch-calibration/1", "created": "test", "torch": torch.__version__,
-                                "machine_id": "test", "machine": {"cpu": "test CPU"},
+    costmodel.save_calibration({"format": costmodel.CALIBRATION_FORMAT, "key": costmodel.machine_key(),
+                                "created": "test", "torch": torch.__version__, "machine_id": "test",
+                                "machine": {"cpu": "test CPU"},
                                 "contiguize": {"launch_overhead_s": copy[0], "per_second": copy[1]},
-                                "kernels": kernels}))
+                                "kernels": kernels}, path)
     return path
 
 
@@ -442,7 +444,7 @@ def test_import_offers_the_backends_where_no_entry_point_is_installed():
 
 
 def test_calibration_from_a_judge_json(monkeypatch, tmp_path):
-    calibration = json.loads(_calibration(tmp_path / "c.json").read_text())
+    calibration = json.loads(json.dumps(costmodel.load_calibration(_calibration(tmp_path / "c.json"))))
     for entry in calibration["kernels"].values():
         del entry["torch"]
     judge = {"calibration": calibration,
