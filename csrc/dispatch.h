@@ -50,14 +50,14 @@ inline int kernel_dtype_slot(c10::ScalarType dtype) {
 #define FUEL_AVX2_TABLE(name) (&::fuel::AVX2::name)
 #else
 #define FUEL_IF_AVX2(...)
-#define FUEL_AVX2_TABLE(name) nullptr
+#define FUEL_AVX2_TABLE(name) static_cast<decltype(&::fuel::DEFAULT::name)>(nullptr)
 #endif
 #ifdef FUEL_HAVE_AVX512
 #define FUEL_IF_AVX512(...) __VA_ARGS__
 #define FUEL_AVX512_TABLE(name) (&::fuel::AVX512::name)
 #else
 #define FUEL_IF_AVX512(...)
-#define FUEL_AVX512_TABLE(name) nullptr
+#define FUEL_AVX512_TABLE(name) static_cast<decltype(&::fuel::DEFAULT::name)>(nullptr)
 #endif
 
 // Declares `extern const Type name;` in fuel::<level> for every level built (use inside namespace
