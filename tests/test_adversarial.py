@@ -253,7 +253,7 @@ def run_batch(function: str) -> tuple[list[dict], list[str]]:
         code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
                 f"import {Path(__file__).stem} as m; m.{function}({start})")
         run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
-                             env=dict(os.environ, PYTHONFAULTHANDLER="1"))
+                             env=dict(os.environ, PYTHONFAULTHANDLER="1"), cwd=Path(__file__).parent)
         started = None
         for line in run.stdout.splitlines():
             if not line.startswith("{"):

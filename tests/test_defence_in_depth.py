@@ -8,6 +8,7 @@ child, which the test reports as a failure rather than dying with it.
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -44,7 +45,8 @@ for name, call in calls.items():
 
 
 def test_a_contract_without_its_clauses_gives_errors_not_crashes():
-    result = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=300)
+    result = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=300,
+                            cwd=os.path.dirname(os.path.abspath(__file__)))
     assert result.returncode == 0, f"the child died (exit {result.returncode}): {result.stderr[-3000:]}"
     lines = result.stdout.strip().splitlines()
     assert len(lines) == 7, result.stdout

@@ -45,7 +45,7 @@ def peak():
 def run_child(body: str) -> dict:
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
     run = subprocess.run([sys.executable, "-c", _CHILD_PRELUDE + body], capture_output=True, text=True,
-                         timeout=900, env=env)
+                         timeout=900, env=env, cwd=Path(__file__).parent)
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
 

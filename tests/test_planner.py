@@ -375,7 +375,8 @@ def test_plan_log_prints_every_compilation(no_calibration, monkeypatch, capfd):
 
 def _child(code, env=None):
     result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                            timeout=600, env={**os.environ, **(env or {})})
+                            timeout=600, env={**os.environ, **(env or {})},
+                            cwd=os.path.dirname(os.path.abspath(__file__)))
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout
 
