@@ -251,7 +251,7 @@ def test_cost_formulas_that_are_not_arithmetic_are_refused_at_load(draft, tmp_pa
 
 def test_every_formula_field_is_checked(draft):
     path = draft / "convolution.fkc.md"
-    edit_kernel(path, "conv2d_f32", 'host_bytes: "out.numel * 4"', 'host_bytes: "exec(1)"')
+    edit_kernel(path, "conv2d_f32", 'host_bytes: "out.numel * 4 + ', 'host_bytes: "exec(1) + ')
     with pytest.raises(ContractFormatError,
                        match=r"kernel 'conv2d_f32': field 'cost.memory.host_bytes': not an arithmetic formula"):
         load_contracts(draft)
