@@ -280,6 +280,16 @@ LOAD_AND_RUN = textwrap.dedent("""
 """)
 
 
+def assert_saved_program_runs_in_a_fresh_process(program, model, inputs, tmp_path):
+    """torch.export.save the program, load and run it in a new process, compare with the eager model."""
+    torch.export.save(program, tmp_path / "model.pt2")
+    torch.save(inputs, tmp_path / "inputs.pt")
+    subprocess.run([sys.executable, "-c", LOAD_AND_RUN, str(tmp_path / "model.pt2"), str(tmp_path / "inputs.pt"),
+                    str(tmp_path / "outputs.pt")], check=True, timeout=120, cwd=tmp_path)
+    for x, loaded in zip(inputs, torch.load(tmp_path / "outputs.pt"), strict=True):
+        assert torch.equal(loaded, model(x))
+
+
 EXPORTED_OPS = {"elementwise": {f"fuel.{op}.default" for op in elementwise.OPS},
                  "conv": {"fuel.conv2d.default", "fuel.conv_transpose2d.default", "fuel.add.default",
                           "fuel.maximum.default", "fuel.div.default"}}
@@ -298,12 +308,7 @@ def test_export_save_load_in_a_fresh_process(tmp_path, name):
     inputs = [torch.randn(3, *shape), torch.randn(5, *shape)]  # the exported batch dimension is dynamic
     for x in inputs:
         assert torch.equal(program.module()(x), model(x))
-    torch.export.save(program, tmp_path / "model.pt2")
-    torch.save(inputs, tmp_path / "inputs.pt")
-    subprocess.run([sys.executable, "-c", LOAD_AND_RUN, str(tmp_path / "model.pt2"), str(tmp_path / "inputs.pt"),
-                    str(tmp_path / "outputs.pt")], check=True, timeout=120, cwd=tmp_path)
-    for x, loaded in zip(inputs, torch.load(tmp_path / "outputs.pt"), strict=True):
-        assert torch.equal(loaded, model(x))
+    assert_saved_program_runs_in_a_fresh_process(program, model, inputs, tmp_path)
 
 
 def test_python_api_compiles_without_graph_breaks_and_follows_the_policy():

@@ -1,8 +1,5 @@
 """What users hit (issue "What users hit"): dynamic compile, export with an open batch size, Python scalars,
 CPU autocast, and the small things (version, repr, string padding on the raw op)."""
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -10,6 +7,8 @@ from torch.export import Dim
 
 import fuel_torch
 import fuel_torch.nn
+
+from test_compile_export import assert_saved_program_runs_in_a_fresh_process
 
 
 class Counter:
@@ -142,13 +141,6 @@ class OneConv(torch.nn.Module):
         return self.conv(x)
 
 
-LOAD_AND_RUN = textwrap.dedent("""
-    import sys, torch
-    import fuel_torch  # registers torch.ops.fuel.*: a saved program refers to them by name
-    program = torch.export.load(sys.argv[1])
-    inputs = torch.load(sys.argv[2])
-    torch.save([program.module()(x) for x in inputs], sys.argv[3])
-""")
 
 
 @pytest.mark.parametrize("cls", (OneConv, ExportNet))
@@ -164,12 +156,7 @@ def test_export_with_an_unbounded_batch_dim_saves_and_loads(tmp_path, cls):
     inputs = [torch.randn(batch, 16, 16, 16) for batch in (1, 3, 9)]
     for x in inputs:
         assert torch.equal(program.module()(x), model(x))
-    torch.export.save(program, tmp_path / "model.pt2")
-    torch.save(inputs, tmp_path / "inputs.pt")
-    subprocess.run([sys.executable, "-c", LOAD_AND_RUN, str(tmp_path / "model.pt2"), str(tmp_path / "inputs.pt"),
-                    str(tmp_path / "outputs.pt")], check=True, timeout=120, cwd=tmp_path)
-    for x, loaded in zip(inputs, torch.load(tmp_path / "outputs.pt"), strict=True):
-        assert torch.equal(loaded, model(x))
+    assert_saved_program_runs_in_a_fresh_process(program, model, inputs, tmp_path)
 
 
 # ---------------------------------------------------------------------------------------------------
