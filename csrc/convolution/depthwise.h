@@ -86,6 +86,7 @@ void convolve_depthwise(const Problem& p, const scalar_t* x, const Layout& xl, c
   using acc_t = acc_type<scalar_t>;
   constexpr int64_t V = Vectorized<acc_t>::size();
   constexpr int NV = 4;  // independent chains in flight: hides the fused multiply-add latency
+  static_assert(NV == 4, "the remainder below is written for up to 3 vectors");
   const int64_t sw = p.stride[1], sh = p.stride[0], per_group = p.Cout / p.groups;
   const int64_t n_taps = p.Kh * p.Kw;
   const int64_t Wv = (p.Wo + V - 1) / V * V;  // output columns rounded up to whole vectors
@@ -98,9 +99,19 @@ void convolve_depthwise(const Problem& p, const scalar_t* x, const Layout& xl, c
   const int64_t row_blocks = (p.Ho + rows_per_task - 1) / rows_per_task;
   const int64_t tasks = p.N * p.Cout * row_blocks;
   const int64_t work = std::max<int64_t>(1, rows_per_task * Wv * n_taps);
+  // Where each tap's run starts in the lines of a task's first output row; output row oh of the
+  // task reads the same offsets sh input rows (sh * sw lines) further on per row. Computed once:
+  // per row, its divisions cost more than the row's multiply-adds.
+  std::vector<int64_t> taps(n_taps);
+  for (int64_t kh = 0; kh < p.Kh; ++kh) {
+    for (int64_t kw = 0; kw < p.Kw; ++kw) {
+      const int64_t off = kw * p.dilation[1];
+      taps[kh * p.Kw + kw] = (kh * p.dilation[0] * sw + off % sw) * len + off / sw;
+    }
+  }
+  const int64_t row_step = sh * sw * len;
   at::parallel_for(0, tasks, std::max<int64_t>(1, (1 << 16) / work), [&](int64_t first, int64_t last) {
     std::vector<acc_t> lines, weights(n_taps), result(Wv);
-    std::vector<int64_t> taps(n_taps);
     for (int64_t task = first; task < last; ++task) {
       const int64_t block = task % row_blocks, co = task / row_blocks % p.Cout, n = task / row_blocks / p.Cout;
       const int64_t ci = co / per_group;
@@ -115,18 +126,20 @@ void convolve_depthwise(const Problem& p, const scalar_t* x, const Layout& xl, c
       const acc_t b = bias ? static_cast<acc_t>(bias[co]) : acc_t(0);
       scalar_t* plane = out + n * ol.n + co * ol.c;
       for (int64_t oh = oh0; oh < oh1; ++oh) {
-        for (int64_t kh = 0; kh < p.Kh; ++kh) {
-          for (int64_t kw = 0; kw < p.Kw; ++kw) {
-            const int64_t row = (oh - oh0) * sh + kh * p.dilation[0], off = kw * p.dilation[1];
-            taps[kh * p.Kw + kw] = (row * sw + off % sw) * len + off / sw;
-          }
-        }
+        const acc_t* row_lines = lines.data() + (oh - oh0) * row_step;
+        const auto vectors = [&](auto chains, int64_t ow) {
+          row_vectors<acc_t, decltype(chains)::value>(row_lines, taps.data(), weights.data(), n_taps, b, ow,
+                                                      result.data() + ow);
+        };
         int64_t ow = 0;
-        for (; ow + NV * V <= Wv; ow += NV * V) {
-          row_vectors<acc_t, NV>(lines.data(), taps.data(), weights.data(), n_taps, b, ow, result.data() + ow);
-        }
-        for (; ow < Wv; ow += V) {
-          row_vectors<acc_t, 1>(lines.data(), taps.data(), weights.data(), n_taps, b, ow, result.data() + ow);
+        for (; ow + NV * V <= Wv; ow += NV * V) vectors(std::integral_constant<int, NV>{}, ow);
+        // The last 1..NV-1 vectors as as many independent chains (one at a time would wait out
+        // every multiply-add's latency).
+        switch ((Wv - ow) / V) {
+          case 3: vectors(std::integral_constant<int, 3>{}, ow); break;
+          case 2: vectors(std::integral_constant<int, 2>{}, ow); break;
+          case 1: vectors(std::integral_constant<int, 1>{}, ow); break;
+          default: break;
         }
         store_row<scalar_t>(result.data(), plane + oh * ol.h, ol.w, p.Wo);
       }

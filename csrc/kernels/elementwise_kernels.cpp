@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "elementwise_kernels.h"
+#include "pow_double.h"
 
 namespace fuel {
 namespace CPU_CAPABILITY {
@@ -51,7 +52,8 @@ struct Div {
 // pow. float (and the halves, which widen to float) is ours: exp2(y * log2|x|) evaluated in double,
 // within 2e-8 relative of the exact power before its one rounding to float (a float ulp is at
 // least 6e-8 relative), so the result is within 1 ulp of the correctly rounded one; the special cases are set
-// exactly as C99 defines them. double keeps Sleef's u10 pow (ATen's Vectorized<double>::pow).
+// exactly as C99 defines them. double: pow_double.h's table-driven core (within 0.51 ulp), the
+// same special cases.
 
 // Lane reinterpretation and float <-> double conversion, which Vectorized has no cheap portable
 // form of; each level spells them with its own instructions.
@@ -149,6 +151,32 @@ inline Vectorized<double> exp2_of_product(const Vectorized<double>& z, const Vec
   return q * double_from_bits(exponent + Vectorized<int64_t>(0x3ff0000000000000LL));
 }
 
+// |x| ** y from a core that is right for positive finite bases and finite exponents, with C99's
+// special cases set exactly for every other lane (float and double alike).
+template <typename V>
+V with_special_cases(const V& x, const V& y, V result) {
+  using T = typename V::value_type;
+  const V zero(0), inf(std::numeric_limits<T>::infinity());
+  // Positive finite bases with finite exponents need no special case (NaNs fail the comparisons).
+  if (((x > zero) & (x < inf) & (y.abs() < inf)).zero_mask() == 0) return result;
+
+  // A negative base to an odd integer power is negative (zeros and infinities included); the
+  // exponent's half is an integer for even and infinite ones.
+  const V ax = x.abs();
+  const V not_integer = y.trunc() != y;
+  const V half = y * V(T(0.5));
+  const V odd_sign = (x & V(T(-0.0))) & (half.trunc() != half) & (y.trunc() == y);
+  result = result | odd_sign;
+  // Zero and infinite bases: +-0 ** y is inf for y < 0, 0 for y > 0; +-inf ** y the reverse.
+  const V x_zero = ax == zero, x_inf = ax == inf;
+  const V to_inf = (x_zero & (y < zero)) | (x_inf & (y > zero));
+  result = V::blendv(result, (inf & to_inf) | odd_sign, x_zero | x_inf);
+  // NaN for a NaN operand and for a finite negative base to a non-integer power ...
+  const V nan = (x != x) | (y != y) | ((x < zero) & (ax != inf) & not_integer);
+  result = V::blendv(result, V(std::numeric_limits<T>::quiet_NaN()), nan);
+  return c99_ones(x, y, result);  // ... except where C99 says 1
+}
+
 // The same 2^(y * (k + log2 z)) all in float, for the halves: their results are rounded to 8 or 11
 // bits, and this is within 2e-5 relative of the exact power (log2 z to s^7, below 5e-8 absolute;
 // y * (k + log2 z) within 2e-5 absolute for |y * log2|x|| < 160; 2^f to f^6, below 2e-7), far below the
@@ -187,7 +215,6 @@ template <bool kWideCore>
 inline Vectorized<float> pow_float(const Vectorized<float>& x, const Vectorized<float>& y) {
   using VF = Vectorized<float>;
   using VI = Vectorized<int32_t>;
-  const VF zero(0.f), inf(std::numeric_limits<float>::infinity());
   const VF ax = x.abs();
   // |x| = 2^k * z with z in [sqrt(1/2), sqrt(2)), exactly, by the bits; subnormals are first
   // scaled by 2^23 into the normal range.
@@ -205,23 +232,7 @@ inline Vectorized<float> pow_float(const Vectorized<float>& x, const Vectorized<
   } else {
     result = exp2_of_product_in_float(z, kf, y);
   }
-  // Positive finite bases with finite exponents need no special case (NaNs fail the comparisons).
-  if (((x > zero) & (x < inf) & (y.abs() < inf)).zero_mask() == 0) return result;
-
-  // C99's special cases. A negative base to an odd integer power is negative (zeros and
-  // infinities included); the exponent's half is an integer for even and infinite ones.
-  const VF not_integer = y.trunc() != y;
-  const VF half = y * VF(0.5f);
-  const VF odd_sign = (x & VF(-0.f)) & (half.trunc() != half) & (y.trunc() == y);
-  result = result | odd_sign;
-  // Zero and infinite bases: +-0 ** y is inf for y < 0, 0 for y > 0; +-inf ** y the reverse.
-  const VF x_zero = ax == zero, x_inf = ax == inf;
-  const VF to_inf = (x_zero & (y < zero)) | (x_inf & (y > zero));
-  result = VF::blendv(result, (inf & to_inf) | odd_sign, x_zero | x_inf);
-  // NaN for a NaN operand and for a finite negative base to a non-integer power ...
-  const VF nan = (x != x) | (y != y) | ((x < zero) & (ax != inf) & not_integer);
-  result = VF::blendv(result, VF(std::numeric_limits<float>::quiet_NaN()), nan);
-  return c99_ones(x, y, result);  // ... except where C99 says 1
+  return with_special_cases(x, y, result);
 }
 
 // The DEFAULT level has no vector pow of its own (ATen's generic one is std::pow per lane, which
@@ -246,7 +257,7 @@ struct Pow {
 #if defined(CPU_CAPABILITY_DEFAULT)
       return c99_ones(a, b, pow_per_lane(a, b));
 #else
-      return c99_ones(a, b, a.pow(b));
+      return with_special_cases(a, b, pow_double_core(a.abs(), b));
 #endif
     }
   }

