@@ -249,3 +249,23 @@ def test_evaluation_never_wraps():
     huge = " * ".join(["4611686018427387904"] * 3)
     assert geometry.evaluate(geometry.compile_expression(huge, -1, "test"), slots) == (None, False)
     assert geometry.evaluate(geometry.compile_expression("1 / 0", -1, "test"), slots) == (None, False)
+
+
+def test_a_repeated_geometry_is_checked_again_when_anything_changes():
+    """C++ skips the programs for a call whose op, table, bias presence and values repeat the last call
+    that passed on its thread; any difference runs them again."""
+    x, w = torch.randn(1, 4, 8, 8), torch.randn(4, 4, 3, 3)
+    for _ in range(2):
+        assert torch.ops.fuel.conv2d(x, w, torch.randn(4)).shape == (1, 4, 6, 6)
+    with pytest.raises(RuntimeError, match="bias.dim"):
+        torch.ops.fuel.conv2d(x, w, torch.randn(5))
+    assert torch.ops.fuel.conv2d(x, w).shape == (1, 4, 6, 6)
+    with pytest.raises(RuntimeError, match="groups"):
+        torch.ops.fuel.conv2d(x, w, None, [1, 1], [0, 0], [1, 1], 3)
+    with pytest.raises(RuntimeError, match="stride"):
+        torch.ops.fuel.conv_transpose2d(x, w, None, [1, 0])
+    name = named_check("conv2d", call(TRIGGERS[3]), geometry.installed())
+    with installed_table(geometry.installed().without(name)):
+        assert torch.ops.fuel.conv2d(x[:0], w, None, [1, 1], [0, -1]).shape == (0, 4, 6, 4)
+    with pytest.raises(RuntimeError, match="padding"):
+        torch.ops.fuel.conv2d(x[:0], w, None, [1, 1], [0, -1])

@@ -19,7 +19,6 @@ constexpr int64_t kInt64Min = std::numeric_limits<int64_t>::min();
 constexpr int kMaxDepth = 16;  // fuel_torch/geometry.py's MAX_DEPTH: the compiler refuses deeper programs
 
 using Int128 = __int128;
-constexpr Int128 kInt128Min = static_cast<Int128>(static_cast<unsigned __int128>(1) << 127);
 
 namespace {
 
@@ -54,14 +53,19 @@ Call call_of(const at::Tensor& x, const at::Tensor& weight, const at::Tensor* bi
   return call;
 }
 
-// a op b in 128 bits, false where the result would not fit (never wraps: no undefined behaviour).
-bool apply(Opcode op, Int128 a, Int128 b, Int128& r) {
+// The smallest value of each evaluation type (std::numeric_limits knows no __int128 under -std=c++20).
+constexpr int64_t lowest(int64_t) { return kInt64Min; }
+constexpr Int128 lowest(Int128) { return static_cast<Int128>(static_cast<unsigned __int128>(1) << 127); }
+
+// a op b in T, false where the result would not fit (never wraps: no undefined behaviour).
+template <typename T>
+bool apply(Opcode op, T a, T b, T& r) {
   switch (op) {
     case Opcode::Add: return !__builtin_add_overflow(a, b, &r);
     case Opcode::Sub: return !__builtin_sub_overflow(a, b, &r);
     case Opcode::Mul: return !__builtin_mul_overflow(a, b, &r);
     case Opcode::Div:  // floor division, as Python's //
-      if (b == 0 || (a == kInt128Min && b == -1)) return false;
+      if (b == 0 || (a == lowest(T{}) && b == -1)) return false;
       r = a / b - ((a % b != 0) && ((a < 0) != (b < 0)));
       return true;
     case Opcode::Mod:  // the sign of the divisor, as Python's %
@@ -83,26 +87,38 @@ bool apply(Opcode op, Int128 a, Int128 b, Int128& r) {
   }
 }
 
-// The program's value, or false where a step does not fit in 128 bits or divides by zero. The
+// The program's value in T, or false where a step does not fit in T or divides by zero. The
 // program was checked at install (depth, slots), so the stack stays in bounds.
-bool evaluate(const Program& program, const int64_t* slots, Int128& value) {
-  Int128 stack[kMaxDepth];
+template <typename T>
+bool evaluate_as(const Program& program, const int64_t* slots, T& value) {
+  T stack[kMaxDepth];
   int top = 0;
   for (const Instr& in : program) {
     switch (in.op) {
       case Opcode::Const: stack[top++] = in.operand; break;
       case Opcode::Var: stack[top++] = slots[in.operand]; break;
       case Opcode::Neg:
-        if (__builtin_sub_overflow(static_cast<Int128>(0), stack[top - 1], &stack[top - 1])) return false;
+        if (__builtin_sub_overflow(static_cast<T>(0), stack[top - 1], &stack[top - 1])) return false;
         break;
       case Opcode::Not: stack[top - 1] = !stack[top - 1]; break;
       default:
         --top;
-        if (!apply(in.op, stack[top - 1], stack[top], stack[top - 1])) return false;
+        if (!apply<T>(in.op, stack[top - 1], stack[top], stack[top - 1])) return false;
     }
   }
   value = stack[0];
   return true;
+}
+
+// The value in 128 bits. Every call's values start in int64, and where no step leaves int64 the
+// two agree, so int64 runs first (the cheap common case) and 128 bits only where it overflowed.
+bool evaluate(const Program& program, const int64_t* slots, Int128& value) {
+  int64_t narrow = 0;
+  if (evaluate_as<int64_t>(program, slots, narrow)) {
+    value = narrow;
+    return true;
+  }
+  return evaluate_as<Int128>(program, slots, value);
 }
 
 std::string int128_str(Int128 v) {
@@ -192,8 +208,45 @@ void install_geometry(std::map<std::string, std::vector<GeometryStep>> steps) {
   current_table.store(all_tables.back().get(), std::memory_order_release);
 }
 
-// Runs the installed checks of `op` in order (messages built only on failure), then fills the
-// Problem the kernels consume.
+namespace {
+
+// The last call that passed on this thread: the checks read nothing but the slots, so a call with the
+// same op, table, bias presence and slots passes them again with the same outputs (a training loop
+// repeats one geometry: its calls skip the programs).
+struct Passed {
+  const std::vector<GeometryStep>* steps = nullptr;
+  bool bias = false;
+  int64_t slots[kGeometrySlots] = {};
+  int64_t out[4] = {};
+};
+thread_local Passed last_passed;
+
+// Runs the steps in order (messages built only on failure); the output dimensions into `out`.
+void run_steps(const Checker& c, const std::vector<GeometryStep>& steps, const Call& call, int64_t* out) {
+  const bool bias = call.tensors[2] != nullptr;
+  Passed& last = last_passed;
+  if (last.steps == &steps && last.bias == bias &&
+      std::equal(call.slots, call.slots + kGeometrySlots, last.slots)) {
+    std::copy(last.out, last.out + 4, out);
+    return;
+  }
+  for (const GeometryStep& step : steps) {
+    if (step.needs_bias && !bias) continue;
+    Int128 value = 0;
+    const bool ok = evaluate(step.program, call.slots, value);
+    if (!ok || (step.kind == GeometryStep::Rule ? value == 0 : (value > kInt64Max || value < kInt64Min))) {
+      c.fail(step.arg, step.clause, render(step.seen, call), render(step.fix, call));
+    }
+    if (step.out >= 0) out[step.out] = static_cast<int64_t>(value);
+  }
+  last.steps = &steps, last.bias = bias;
+  std::copy(call.slots, call.slots + kGeometrySlots, last.slots);
+  std::copy(out, out + 4, last.out);
+}
+
+}  // namespace
+
+// Runs the installed checks of `op`, then fills the Problem the kernels consume.
 Problem validate(const Checker& c, const at::Tensor& x, const at::Tensor& weight, const at::Tensor* bias,
                  at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
                  std::optional<at::IntArrayRef> output_padding, int64_t groups) {
@@ -203,15 +256,7 @@ Problem validate(const Checker& c, const at::Tensor& x, const at::Tensor& weight
   TORCH_CHECK(steps != table->end(), "fuel::", c.op, ": the geometry table has no checks for this op");
   const Call call = call_of(x, weight, bias, stride, padding, dilation, output_padding, groups);
   int64_t out[4] = {0, 0, 0, 0};
-  for (const GeometryStep& step : steps->second) {
-    if (step.needs_bias && !bias) continue;
-    Int128 value = 0;
-    const bool ok = evaluate(step.program, call.slots, value);
-    if (!ok || (step.kind == GeometryStep::Rule ? value == 0 : (value > kInt64Max || value < kInt64Min))) {
-      c.fail(step.arg, step.clause, render(step.seen, call), render(step.fix, call));
-    }
-    if (step.out >= 0) out[step.out] = static_cast<int64_t>(value);
-  }
+  run_steps(c, steps->second, call, out);
   Problem p;
   p.transpose = output_padding.has_value();
   p.N = x.size(0), p.Cin = x.size(1), p.H = x.size(2), p.W = x.size(3);
