@@ -26,6 +26,7 @@ import torch
 from torch.fx.experimental.symbolic_shapes import guard_or_true, statically_known_true, sym_and, sym_or
 
 from .contracts import ContractFormatError, ContractSet, _default_directory, _load_yaml
+from .expr import MAX_LENGTH
 
 TABLE_FILE = "convolution.geometry.yaml"
 OPS = ("conv2d", "conv_transpose2d")
@@ -64,6 +65,8 @@ class _Compiler:
             raise self.fail(f"needs a deeper stack than {MAX_DEPTH}")
 
     def compile(self, want: str) -> list[tuple[str, int]]:
+        if len(self.text) > MAX_LENGTH:
+            raise self.fail(f"longer than {MAX_LENGTH} characters")
         try:
             tree = ast.parse(" ".join(self.text.split()), mode="eval").body
         except SyntaxError as error:
@@ -92,6 +95,8 @@ class _Compiler:
     def node(self, node: ast.AST) -> str:
         """Emits `node`; returns its type, 'int' or 'bool' (the evaluators never mix the two)."""
         if isinstance(node, ast.Constant) and type(node.value) is int:
+            if not INT64_MIN <= node.value <= INT64_MAX:
+                raise self.fail(f"the literal {node.value} does not fit in int64")
             self.emit("const", node.value)
             return "int"
         if isinstance(node, ast.Name):
@@ -211,6 +216,8 @@ class _Builder:
     def add(self, raw: Any, where: str, axes: Sequence[int]) -> None:
         if not isinstance(raw, dict) or not set(raw) <= KEYS:
             raise ContractFormatError(f"{where}: expected a mapping with keys among {', '.join(sorted(KEYS))}")
+        if not all(isinstance(value, str) for key, value in raw.items() if key != "ops"):
+            raise ContractFormatError(f"{where}: every field but 'ops' is a string")
         ops = raw.get("ops", list(OPS))
         if not isinstance(ops, list) or not set(ops) <= set(OPS) or raw.get("when", "bias") != "bias":
             raise ContractFormatError(f"{where}: 'ops' is a list of {OPS}; 'when' is absent or 'bias'")
@@ -280,8 +287,9 @@ def load(contracts: ContractSet, path: str | Path | None = None, match_contracts
     table with a rule missing)."""
     path = Path(path) if path is not None else _default_directory() / TABLE_FILE
     raw = _load_yaml(path.read_text(encoding="utf-8"), str(path))
-    if not isinstance(raw, dict) or set(raw) != {"checks", "each_axis"}:
-        raise ContractFormatError(f"{path}: expected the keys 'checks' and 'each_axis'")
+    if not isinstance(raw, dict) or set(raw) != {"checks", "each_axis"} or not all(
+            isinstance(raw[key], list) for key in raw):
+        raise ContractFormatError(f"{path}: expected the keys 'checks' and 'each_axis', each a list of checks")
     overflow = {op: "op_params.overflow: " + _one(contracts, op, lambda c: c.op_params["overflow"]) for op in OPS}
     if len(set(overflow.values())) != 1:
         raise ContractFormatError(f"{path}: the convolutions state different overflow clauses")

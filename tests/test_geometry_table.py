@@ -225,6 +225,8 @@ def test_the_output_shape_is_the_contracts_shape_rule(draft):
     ("x.dim[1] + 1", "expected a condition"),
     ("(x.dim[1] >= 1) + 1 >= 1", "must be an integer"),
     ("1 + (" * 16 + "1" + ")" * 16 + " >= 0", "deeper stack"),
+    ("x.dim[1] < 9223372036854775808", "does not fit in int64"),
+    ("1" * 2001, "longer than 2000 characters"),
 ])
 def test_expressions_outside_the_language_are_refused(text, problem):
     with pytest.raises(ContractFormatError, match=re.escape(problem)):
