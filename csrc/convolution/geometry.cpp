@@ -263,8 +263,9 @@ Problem validate(const Checker& c, const at::Tensor& x, const at::Tensor& weight
   p.Kh = weight.size(2), p.Kw = weight.size(3);
   p.Cout = out[1], p.Ho = out[2], p.Wo = out[3], p.groups = groups;
   for (int i = 0; i < 2; ++i) {  // from the slots: in bounds even for a table that checks no length
-    p.stride[i] = call.slots[9 + i], p.padding[i] = call.slots[11 + i], p.dilation[i] = call.slots[13 + i];
-    p.output_padding[i] = p.transpose ? call.slots[15 + i] : 0;
+    p.stride[i] = call.slots[kStrideSlot + i], p.padding[i] = call.slots[kPaddingSlot + i];
+    p.dilation[i] = call.slots[kDilationSlot + i];
+    p.output_padding[i] = p.transpose ? call.slots[kOutputPaddingSlot + i] : 0;
   }
   return p;
 }

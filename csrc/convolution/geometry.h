@@ -34,7 +34,10 @@ struct Instr {
   int64_t operand = 0;  // Const: the value; Var: the slot
 };
 using Program = std::vector<Instr>;
+// The slots: x.dim[0..3], weight.dim[0..3], bias.dim[0]; stride, padding, dilation, output_padding,
+// two each; groups; the four lists' lengths.
 constexpr int kGeometrySlots = 22;
+constexpr int kStrideSlot = 9, kPaddingSlot = 11, kDilationSlot = 13, kOutputPaddingSlot = 15;
 
 // A message part: text, a tensor's shape (x, weight, bias), a list argument (stride, padding,
 // dilation, output_padding) or a program's value.
