@@ -96,7 +96,7 @@ setup(
     packages=["fuel_torch", "fuel_torch.judge", "fuel_torch._contract_files", "fuel_torch.planner"],
     # contracts/ is the single source of truth at the top of the repo; it ships inside the package.
     package_dir={"fuel_torch": "fuel_torch", "fuel_torch._contract_files": "contracts"},
-    package_data={"fuel_torch._contract_files": ["*.fkc.md"]},
+    package_data={"fuel_torch._contract_files": ["*.fkc.md", "*.yaml"]},
     ext_modules=[
         CppExtension(
             name="fuel_torch._C",

@@ -1,8 +1,9 @@
-// fuel_torch._C: loading it registers the ops (TORCH_LIBRARY); its one Python function receives the
-// parsed contracts.
+// fuel_torch._C: loading it registers the ops (TORCH_LIBRARY); install_rules and install_geometry
+// receive the parsed contracts and the compiled geometry table.
 #include <torch/extension.h>
 
 #include "contract_rules.h"
+#include "convolution/geometry.h"
 #include "cpu_capability.h"
 
 namespace {
@@ -45,9 +46,68 @@ void install_rules(const py::list& rules) {
   fuel::install_rules(std::move(parsed));
 }
 
+fuel::Program program_of(const py::handle& code) {
+  fuel::Program program;
+  for (const auto& entry : code.cast<py::tuple>()) {
+    const auto instr = entry.cast<py::tuple>();
+    program.push_back({fuel::opcode_named(instr[0].cast<std::string>()), instr[1].cast<int64_t>()});
+  }
+  return program;
+}
+
+fuel::Template template_of(const py::handle& parts) {
+  static const std::map<std::string, fuel::Segment::Kind> kinds = {
+      {"text", fuel::Segment::Text}, {"shape", fuel::Segment::Shape}, {"list", fuel::Segment::List},
+      {"value", fuel::Segment::Value}};
+  fuel::Template result;
+  for (const auto& entry : parts.cast<py::tuple>()) {
+    const auto part = entry.cast<py::tuple>();
+    const auto kind = kinds.find(part[0].cast<std::string>());
+    TORCH_CHECK(kind != kinds.end(), "fuel_torch: unknown geometry message part ", part[0].cast<std::string>());
+    fuel::Segment segment;
+    segment.kind = kind->second;
+    if (segment.kind == fuel::Segment::Text) segment.text = part[1].cast<std::string>();
+    if (segment.kind == fuel::Segment::Shape || segment.kind == fuel::Segment::List) {
+      segment.index = part[1].cast<int64_t>();
+    }
+    if (segment.kind == fuel::Segment::Value) segment.program = program_of(part[1]);
+    result.push_back(std::move(segment));
+  }
+  return result;
+}
+
+// steps: {op: [{kind, name, arg, clause, program, seen, fix, needs_bias, out}]}, as
+// fuel_torch/geometry.py's Table.for_cpp() gives them.
+void install_geometry(const py::dict& table) {
+  static const std::map<std::string, fuel::GeometryStep::Kind> kinds = {
+      {"rule", fuel::GeometryStep::Rule}, {"fits", fuel::GeometryStep::Fits}, {"out", fuel::GeometryStep::Out}};
+  std::map<std::string, std::vector<fuel::GeometryStep>> parsed;
+  for (const auto& [op, steps] : table) {
+    auto& list = parsed[op.cast<std::string>()];
+    for (const auto& entry : steps.cast<py::list>()) {
+      const auto raw = entry.cast<py::dict>();
+      const auto kind = kinds.find(raw["kind"].cast<std::string>());
+      TORCH_CHECK(kind != kinds.end(), "fuel_torch: unknown geometry step kind ", raw["kind"].cast<std::string>());
+      fuel::GeometryStep step;
+      step.kind = kind->second;
+      step.arg = raw["arg"].cast<std::string>();
+      step.clause = raw["clause"].cast<std::string>();
+      step.program = program_of(raw["program"]);
+      step.seen = template_of(raw["seen"]);
+      step.fix = template_of(raw["fix"]);
+      step.needs_bias = raw["needs_bias"].cast<bool>();
+      step.out = raw["out"].cast<int>();
+      list.push_back(std::move(step));
+    }
+  }
+  fuel::install_geometry(std::move(parsed));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("install_rules", &install_rules, "Install the accept/return clauses parsed from contracts/.");
+  m.def("install_geometry", &install_geometry,
+        "Install the convolution geometry checks compiled from contracts/convolution.geometry.yaml.");
   fuel::bind_cpu_capability(m);
 }

@@ -1,7 +1,8 @@
 """fuel_torch: contract-enforced CPU custom operators for PyTorch.
 
 Importing the package registers torch.ops.fuel.* (the C++ kernels), installs the rules parsed
-from the shipped FKC contracts into them, and registers the fake kernels torch.compile uses.
+from the shipped FKC contracts and the compiled convolution geometry table into them, and
+registers the fake kernels torch.compile uses.
 """
 from importlib import metadata as _metadata
 
@@ -14,6 +15,8 @@ from .enforce import ContractViolation
 from .layout import current_policy, layout_policy
 
 _C.install_rules(rules_for_cpp(installed()))
+from . import geometry  # noqa: E402
+geometry.install(geometry.installed())  # the convolution geometry checks, for C++ and the fake kernels alike
 
 from . import convolution, elementwise  # noqa: E402  (needs the ops registered above)
 from . import compile_fixes, nn, vmap  # noqa: E402,F401  (a torch.compile fix, nn modules, vmap batching rules)

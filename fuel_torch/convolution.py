@@ -2,17 +2,14 @@
 
 One place per concern, as in elementwise.py: the contract check (shared by the API and the fake
 kernels), the fake kernels torch.compile traces with, and the Python API that applies the layout
-policy. The geometry checks are the Python twin of validate() in csrc/convolution.cpp: the same
-checks in the same order with the same messages (a test compares them), written so that they also
-run on symbolic sizes.
+policy. The geometry checks are not written here: they come from contracts/convolution.geometry.yaml
+through fuel_torch/geometry.py, which runs the very programs the C++ kernels run (its docstring says
+how symbolic sizes are decided).
 
-Symbolic sizes (torch.compile(dynamic=True), torch.export with a Dim): the int64 overflow and
-physical-memory checks never become guards. They fire only where the shape environment proves them
-broken; otherwise the C++ kernel checks the real sizes on every call. (A guard such as `batch * 32 * 8 * 8 * 4 <= physical
-memory` would bound the batch of every compiled or exported program: torch.export refuses such a
-bound on an open Dim.) The geometry constraints proper (the kernel fits, a transposed output of at
-least 1) and the channel checks are decided as torch's conv decides them: a guard on a size with a
-hint, a runtime assertion on a data-dependent one.
+The allocation check below never becomes a guard on symbolic sizes: it fires only where the shape
+environment proves the output too large; otherwise the C++ kernel checks the real sizes on every
+call. (A guard such as `batch * 32 * 8 * 8 * 4 <= physical memory` would bound the batch of every
+compiled or exported program: torch.export refuses such a bound on an open Dim.)
 """
 from __future__ import annotations
 
@@ -21,9 +18,9 @@ from typing import Sequence
 
 import torch
 import torch.nn.functional as F
-from torch.fx.experimental.symbolic_shapes import guard_or_true, statically_known_true, sym_or
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from . import enforce, layout, reference
+from . import enforce, geometry, layout, reference
 from .contracts import Contract, installed
 
 OPS = ("conv2d", "conv_transpose2d")
@@ -34,168 +31,39 @@ TORCH_EQUIVALENT = {
     "conv_transpose2d": F.conv_transpose2d,
 }
 
-INT64_MAX = 2**63 - 1
-INT64_MIN = -(2**63)
-# Clause texts quoted from contracts/convolution.fkc.md (tests assert every one is in the contract).
-OVERFLOW = "op_params.overflow: every intermediate size and product fits in int64"
 ALLOCATION = "return.allocation: out.numel * dtype_bytes <= physical memory; strides and byte size within int64"
-CONV2D_KERNEL_FITS = "shape_constraint: dilation[i] * (weight.dim[2 + i] - 1) + 1 <= x.dim[2 + i] + 2 * padding[i]"
-TRANSPOSE_OUTPUT_SIZE = ("shape_constraint: (x.dim[2 + i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * "
-                         "(weight.dim[2 + i] - 1) + output_padding[i] + 1 >= 1")
-
-
-def _surely(condition) -> bool:
-    """True where `condition` certainly holds: a plain bool, or a symbolic one proved without a guard."""
-    return condition if isinstance(condition, bool) else statically_known_true(condition)
-
-
-def _beyond_int64(value) -> bool:
-    """Whether `value` certainly overflows int64 (symbolic values: only where provable without a guard; the
-    C++ kernel checks the real sizes)."""
-    if isinstance(value, int):
-        return value > INT64_MAX or value < INT64_MIN
-    return statically_known_true(sym_or(value > INT64_MAX, value < INT64_MIN))
-
-
-def _holds(requirement) -> bool:
-    """Whether the call meets a geometry requirement, decided as torch's conv meta function decides it: a guard on
-    sizes with a hint (the same guard torch's conv adds), a runtime assertion on data-dependent ones."""
-    if isinstance(requirement, bool):
-        return requirement
-    if not guard_or_true(requirement):
-        return False
-    torch._check(requirement)
-    return True
 
 
 def physical_memory() -> int:
-    """What csrc/convolution.cpp compares an output against: sysconf's physical pages."""
+    """What csrc/convolution/geometry.cpp compares an output against: sysconf's physical pages."""
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-class _Checker:
-    def __init__(self, rule: Contract):
-        self.rule = rule
-
-    def fail(self, arg: str, clause: str, seen: str, fix: str):
-        raise enforce.violation(self.rule.op, self.rule.kernel, arg, clause, seen, fix)
-
-    def overflow(self, arg: str, expr: str, context: str):
-        self.fail(arg, OVERFLOW, f"{expr} overflows int64 ({context})", f"use a smaller {arg}")
-
-    def mul(self, a, b, arg: str, expr: str, context: str):
-        product = a * b
-        if _beyond_int64(product):
-            self.overflow(arg, expr, context)
-        return product
-
-    def pair(self, values: Sequence, name: str) -> None:
-        if len(values) != 2:
-            self.fail(name, f"op_params.{name}: int[2]", f"{len(values)} values {enforce.shape_str(values)}",
-                      "pass one int or a list of two ints")
-
-    def at_least(self, values: Sequence, name: str, minimum: int) -> None:
-        self.pair(values, name)
-        if values[0] < minimum or values[1] < minimum:
-            self.fail(name, f"op_params.{name}: {name}[i] >= {minimum}", f"{name} {enforce.shape_str(values)}",
-                      f"use a {name} of at least {minimum} in each dimension")
 
 
 def output_shape(rule: Contract, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                  stride: Sequence, padding: Sequence, dilation: Sequence, output_padding: Sequence | None,
                  groups) -> list:
-    """Validate the geometry (twin of validate() in csrc/convolution.cpp) and return the output shape."""
-    c = _Checker(rule)
-    s = enforce.shape_str
-    transpose = output_padding is not None
-    c.at_least(stride, "stride", 1)
-    c.at_least(padding, "padding", 0)
-    c.at_least(dilation, "dilation", 1)
-    if transpose:
-        c.pair(output_padding, "output_padding")
-        for i in range(2):
-            if output_padding[i] < 0 or (output_padding[i] >= stride[i] and output_padding[i] >= dilation[i]):
-                c.fail("output_padding", "op_params.output_padding: 0 <= output_padding[i] < max(stride[i], dilation[i])",
-                       f"output_padding {s(output_padding)}, stride {s(stride)}, dilation {s(dilation)}",
-                       "use an output_padding of at least 0 and smaller than the stride or the dilation in each dimension")
-    if groups < 1:
-        c.fail("groups", "op_params.groups: groups >= 1", f"groups {groups}", "use groups of at least 1")
-    n, cin = x.shape[0], x.shape[1]
-    xs, ws, gs = f"x shape {s(x.shape)}", f"weight shape {s(weight.shape)}", f"groups {groups}"
-    if cin % groups != 0:
-        c.fail("x", "shape_constraint: x.dim[1] % groups == 0", f"{xs}, {gs}",
-               "use a groups value that divides the input channels x.dim[1]")
-    if not transpose:
-        if weight.shape[0] % groups != 0:
-            c.fail("weight", "shape_constraint: weight.dim[0] % groups == 0", f"{ws}, {gs}",
-                   "give weight a number of output channels weight.dim[0] divisible by groups")
-        if weight.shape[1] != cin // groups:
-            c.fail("weight", "shape_constraint: weight.dim[1] == x.dim[1] / groups", f"{ws}, {xs}, {gs}",
-                   f"give weight x.dim[1] / groups = {cin // groups} input channels in dimension 1 "
-                   "(conv2d weights are [Cout, Cin / groups, Kh, Kw])")
-        cout = weight.shape[0]
-    else:
-        if weight.shape[0] != cin:
-            c.fail("weight", "shape_constraint: weight.dim[0] == x.dim[1]", f"{ws}, {xs}",
-                   f"give weight x.dim[1] = {cin} input channels in dimension 0 "
-                   "(conv_transpose2d weights are [Cin, Cout / groups, Kh, Kw])")
-        cout = c.mul(weight.shape[1], groups, "groups", "weight.dim[1] * groups", f"{ws}, {gs}")
-    if weight.shape[2] < 1 or weight.shape[3] < 1:
-        c.fail("weight", "shape_constraint: weight.dim[2 + i] >= 1", ws, "use a kernel of at least 1x1")
-    if bias is not None and bias.shape[0] != cout:
-        bs = f"bias shape {s(bias.shape)}"
-        fix = f"pass a bias with one value per output channel ({cout})"
-        if not transpose:
-            c.fail("bias", "shape_constraint: bias.dim[0] == weight.dim[0]", f"{bs}, {ws}", fix)
-        c.fail("bias", "shape_constraint: bias.dim[0] == weight.dim[1] * groups", f"{bs}, {ws}, {gs}", fix)
-
-    ss, ps, ds = f"stride {s(stride)}", f"padding {s(padding)}", f"dilation {s(dilation)}"
-    sizes = []
-    for i in range(2):
-        d, k = f"[{2 + i}]", f"[{i}]"
-        size_in, kernel = x.shape[2 + i], weight.shape[2 + i]
-        twice_pad = c.mul(2, padding[i], "padding", f"2 * padding{k}", ps)
-        reach = c.mul(dilation[i], kernel - 1, "dilation", f"dilation{k} * (weight.dim{d} - 1)", f"{ws}, {ds}")
-        if not transpose:
-            padded = size_in + twice_pad
-            if _beyond_int64(padded):
-                c.overflow("padding", f"x.dim{d} + 2 * padding{k}", f"{xs}, {ps}")
-            if not _holds(reach + 1 <= padded):
-                c.fail("weight", CONV2D_KERNEL_FITS,
-                       f"i = {i}: {dilation[i]} * ({kernel} - 1) + 1 > {size_in} + 2 * {padding[i]}",
-                       "use a smaller kernel or dilation, or more padding")
-            size = (padded - reach - 1) // stride[i] + 1
-        else:
-            spread = c.mul(size_in - 1, stride[i], "stride", f"(x.dim{d} - 1) * stride{k}", f"{xs}, {ss}")
-            size = spread - twice_pad + reach + output_padding[i] + 1
-            if _beyond_int64(size):
-                c.overflow("x", f"(x.dim{d} - 1) * stride{k} - 2 * padding{k} + dilation{k} * (weight.dim{d} - 1) "
-                                f"+ output_padding{k} + 1",
-                           f"{xs}, {ws}, {ss}, {ps}, {ds}, output_padding {s(output_padding)}")
-            if not _holds(size >= 1):
-                c.fail("x", TRANSPOSE_OUTPUT_SIZE,
-                       f"i = {i}: ({size_in} - 1) * {stride[i]} - 2 * {padding[i]} + {dilation[i]} * ({kernel} - 1) + "
-                       f"{output_padding[i]} + 1 = {size}",
-                       "use less padding, or a larger input, kernel, stride or dilation")
-        sizes.append(size)
-    return [n, cout, sizes[0], sizes[1]]
+    """Check the geometry with the installed table (contracts/convolution.geometry.yaml, the one C++
+    checks with) and return the output shape."""
+    return geometry.check(rule.op, rule.kernel, x, weight, bias, stride, padding, dilation, output_padding, groups)
 
 
 def check_allocation(rule: Contract, shape: Sequence, dtype: torch.dtype) -> None:
     """Refuse an output this machine cannot hold (twin of check_allocation() in C++). Empty dimensions
     count as 1 in the overflow test, as in a contiguous tensor's strides."""
-    c = _Checker(rule)
+    def fail(seen: str):
+        raise enforce.violation(rule.op, rule.kernel, "out", ALLOCATION, seen, "use smaller sizes, or split the batch")
+
     extent = dtype.itemsize
     for size in shape:
         extent = extent * torch.sym_max(size, 1)
     what = f"out shape {enforce.shape_str(shape)} of {enforce.dtype_str(dtype)}: "
-    if _beyond_int64(extent):
-        c.fail("out", ALLOCATION, what + "strides or byte size beyond int64", "use smaller sizes, or split the batch")
+    if geometry.beyond_int64(extent):
+        fail(what + "strides or byte size beyond int64")
     nbytes = shape[0] * shape[1] * shape[2] * shape[3] * dtype.itemsize
     physical = physical_memory()
-    if _surely(nbytes > physical):
-        c.fail("out", ALLOCATION, what + f"{nbytes} bytes, physical memory {physical} bytes",
-               "use smaller sizes, or split the batch")
+    surely = nbytes > physical
+    if surely if isinstance(surely, bool) else statically_known_true(surely):
+        fail(what + f"{nbytes} bytes, physical memory {physical} bytes")
 
 
 def check(op: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: Sequence,

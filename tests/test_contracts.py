@@ -1,12 +1,14 @@
 """The FKC files: schema validation at load, lookup, and the contract <-> kernel bijection."""
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import fuel_torch
 from fuel_torch import families
@@ -330,3 +332,61 @@ def test_contract_yaml_goes_through_the_safe_loader_only():
                 raise AssertionError(f"{source}: {line.strip()}")
             if re.search(r"yaml\.load\(", line):
                 assert "Loader=_SafeNoAliasLoader" in line, f"{source}: {line.strip()}"
+
+
+# ---------------------------------------------------------------------------------------------
+# One source for the elementwise rules: what a contract says is what the C++ op and the fake kernel
+# enforce. A clause edited (or deleted) in a draft, installed into both, changes both alike.
+
+
+@contextlib.contextmanager
+def contracts_enforced(contracts, monkeypatch):
+    """`contracts` installed into C++ and read by the elementwise fake kernels for the block."""
+    from fuel_torch import _C, elementwise
+    from fuel_torch.contracts import rules_for_cpp
+    _C.install_rules(rules_for_cpp(contracts))
+    monkeypatch.setattr(elementwise, "installed", lambda: contracts)
+    try:
+        yield
+    finally:
+        monkeypatch.undo()
+        _C.install_rules(rules_for_cpp(fuel_torch.installed()))
+
+
+def eager_and_fake(fn, *tensors) -> tuple[str | None, str | None]:
+    messages = []
+    for mode in (None, FakeTensorMode()):
+        args = tensors if mode is None else [mode.from_tensor(t) for t in tensors]
+        try:
+            with mode if mode is not None else contextlib.nullcontext():
+                fn(*args)
+            messages.append(None)
+        except RuntimeError as error:
+            messages.append(str(error))
+    return messages[0], messages[1]
+
+
+def test_an_edited_elementwise_clause_is_what_every_path_enforces(draft, monkeypatch):
+    edit_kernel(draft / "elementwise.fkc.md", "add_f32", "rank: any", "rank: 1")
+    a, b = torch.ones(2, 3), torch.ones(2, 3)
+    assert eager_and_fake(torch.ops.fuel.add, a, b) == (None, None)
+    with contracts_enforced(load_contracts(draft), monkeypatch):
+        eager, fake = eager_and_fake(torch.ops.fuel.add, a, b)
+        assert eager == fake == ("fuel::add [add_f32]: argument 'lhs' breaks `rank: 1`: saw rank 2 (shape [2, 3]). "
+                                 "Fix: pass a 1-d tensor.")
+        assert eager_and_fake(torch.ops.fuel.sub, a, b) == (None, None)  # sub_f32's contract says any rank
+    assert eager_and_fake(torch.ops.fuel.add, a, b) == (None, None)
+
+
+def test_a_deleted_elementwise_clause_is_enforced_nowhere(draft, monkeypatch):
+    path = draft / "elementwise.fkc.md"
+    edit_kernel(path, "mul_f64", "      shape_constraint: same_as=rhs\n", "")
+    edit_kernel(path, "mul_f64", "      shape_constraint: same_as=lhs\n", "")
+    a, b = torch.ones(4, dtype=torch.float64), torch.ones(3, dtype=torch.float64)
+    eager, fake = eager_and_fake(torch.ops.fuel.mul, a, b)
+    assert eager == fake and "breaks `shape_constraint: same_as=rhs`" in eager
+    with contracts_enforced(load_contracts(draft), monkeypatch):
+        eager, fake = eager_and_fake(torch.ops.fuel.mul, a, b)
+    assert fake is None  # the fake kernel has nothing left to check
+    # The C++ kernel's own buffer check (defence in depth) still refuses to read past rhs, in its own words.
+    assert "same_as=rhs`" not in eager and "the kernel refuses argument 'rhs'" in eager

@@ -4,6 +4,8 @@ Each case runs twice: through the C++ op (torch.ops.fuel.*, real CPU tensors) an
 Python fake kernel (the same call under FakeTensorMode, what torch.compile traces with). Both must
 raise, with the same text; that text is pinned with expecttest (EXPECTTEST_ACCEPT=1 rewrites it).
 A last test checks that every clause the messages quote is written in contracts/convolution.fkc.md.
+The checks themselves come from contracts/convolution.geometry.yaml; tests/test_geometry_table.py
+derives one refused call per check from that table and removes checks from it.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import fuel_torch
-from fuel_torch import convolution
+from fuel_torch import convolution, geometry
 
 BIG = 2**62
 
@@ -385,33 +387,13 @@ fuel_torch.conv2d: padding must be an int, a pair of ints, 'valid' or 'same', go
 
 
 def test_every_quoted_clause_is_in_the_contract():
-    """The clause strings of the geometry checks are quotes of contracts/convolution.fkc.md."""
-    contracts = fuel_torch.installed()
-    texts = {
-        "conv2d": [
-            "shape_constraint: x.dim[1] % groups == 0", "shape_constraint: weight.dim[0] % groups == 0",
-            "shape_constraint: weight.dim[1] == x.dim[1] / groups", "shape_constraint: weight.dim[2 + i] >= 1",
-            convolution.CONV2D_KERNEL_FITS, "shape_constraint: bias.dim[0] == weight.dim[0]",
-        ],
-        "conv_transpose2d": [
-            "shape_constraint: x.dim[1] % groups == 0", "shape_constraint: weight.dim[0] == x.dim[1]",
-            "shape_constraint: weight.dim[2 + i] >= 1", convolution.TRANSPOSE_OUTPUT_SIZE,
-            "shape_constraint: bias.dim[0] == weight.dim[1] * groups",
-            "op_params.output_padding: 0 <= output_padding[i] < max(stride[i], dilation[i])",
-            "op_params.output_padding: int[2]",
-        ],
-    }
-    common = ["op_params.stride: stride[i] >= 1", "op_params.padding: padding[i] >= 0",
-              "op_params.dilation: dilation[i] >= 1", "op_params.groups: groups >= 1", "op_params.stride: int[2]",
-              "op_params.padding: int[2]", "op_params.dilation: int[2]", convolution.OVERFLOW, convolution.ALLOCATION]
-    for op, clauses in texts.items():
+    """The geometry messages quote contracts/convolution.geometry.yaml, whose clauses are the contracts' own
+    (checked at load; tests/test_geometry_table.py); the overflow and allocation clauses are read here from
+    the contracts, not retyped."""
+    contracts, table = fuel_torch.installed(), geometry.installed()
+    for op in geometry.OPS:
         for contract in contracts.for_op(op):
-            quoted = set()
-            for clause in contract.inputs:
-                quoted |= {f"shape_constraint: {part.strip()}" for part in (clause.shape_constraint or "").split(";")}
-            for name, field in contract.op_params["fields"].items():
-                quoted |= {f"op_params.{name}: {field['kind']}", f"op_params.{name}: {field['constraint']}"}
-            quoted.add(f"op_params.overflow: {contract.op_params['overflow']}")
-            quoted.add(f"return.allocation: {contract.raw['return']['outputs'][0]['allocation']}")
-            missing = [c for c in clauses + common if c not in quoted]
-            assert not missing, f"{contract.kernel} does not say {missing}"
+            overflow = f"op_params.overflow: {contract.op_params['overflow']}"
+            assert {step.clause for step in table.steps[op] if step.kind != "rule"} == {overflow}
+            assert convolution.ALLOCATION == f"return.allocation: {contract.raw['return']['outputs'][0]['allocation']}"
+        assert table.clauses(op) == geometry.contract_clauses(contracts, op)

@@ -31,6 +31,7 @@ def test_contracts_are_found_from_the_package_not_the_working_directory(tmp_path
     directory = run_python("import fuel_torch; print(fuel_torch.installed().directory)", cwd=tmp_path).strip()
     files = sorted(p.name for p in Path(directory).glob("*.fkc.md"))
     assert "elementwise.fkc.md" in files
+    assert (Path(directory) / "convolution.geometry.yaml").is_file()  # the convolutions' geometry table
     package = Path(fuel_torch.__file__).resolve().parent
     if REPO not in package.parents:
         # A regular (non-editable) install, as CI does: the contracts travel inside the wheel.

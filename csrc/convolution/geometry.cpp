@@ -1,164 +1,272 @@
 #include "geometry.h"
 
+#include <c10/util/safe_numerics.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <limits>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 namespace fuel {
 
-const char* const kOverflowClause = "op_params.overflow: every intermediate size and product fits in int64";
 constexpr const char* kAllocationClause =
     "return.allocation: out.numel * dtype_bytes <= physical memory; strides and byte size within int64";
 constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+constexpr int64_t kInt64Min = std::numeric_limits<int64_t>::min();
+constexpr int kMaxDepth = 16;  // fuel_torch/geometry.py's MAX_DEPTH: the compiler refuses deeper programs
+
+using Int128 = __int128;
 
 namespace {
 
-// stride, padding, dilation, output_padding and groups, in the order the Python twin checks them.
-void check_params(const Checker& c, Problem& p, at::IntArrayRef stride, at::IntArrayRef padding,
-                  at::IntArrayRef dilation, std::optional<at::IntArrayRef> output_padding, int64_t groups) {
-  p.transpose = output_padding.has_value();
-  c.at_least(stride, "stride", 1);
-  c.at_least(padding, "padding", 0);
-  c.at_least(dilation, "dilation", 1);
-  if (p.transpose) {
-    const at::IntArrayRef op = *output_padding;
-    c.pair(op, "output_padding");
-    for (int i = 0; i < 2; ++i) {
-      if (op[i] < 0 || (op[i] >= stride[i] && op[i] >= dilation[i])) {
-        c.fail("output_padding", "op_params.output_padding: 0 <= output_padding[i] < max(stride[i], dilation[i])",
-               "output_padding " + shape_str(op) + ", stride " + shape_str(stride) + ", dilation " +
-                   shape_str(dilation),
-               "use an output_padding of at least 0 and smaller than the stride or the dilation in each dimension");
-      }
-      p.output_padding[i] = op[i];
-    }
+using Steps = std::map<std::string, std::vector<GeometryStep>, std::less<>>;
+
+std::mutex install_mutex;
+// As the contract rules: tables are never freed, a call in flight may still read an older one.
+std::vector<std::unique_ptr<Steps>> all_tables;
+std::atomic<const Steps*> current_table{nullptr};
+
+// The values of one call in the slots' order (fuel_torch/geometry.py: _slots); entries past a
+// list's end and an absent bias read 0 (a list's int[2] check refuses it before anything else runs).
+struct Call {
+  const at::Tensor* tensors[3];
+  at::IntArrayRef lists[4];
+  int64_t slots[kGeometrySlots];
+};
+
+Call call_of(const at::Tensor& x, const at::Tensor& weight, const at::Tensor* bias, at::IntArrayRef stride,
+             at::IntArrayRef padding, at::IntArrayRef dilation, std::optional<at::IntArrayRef> output_padding,
+             int64_t groups) {
+  Call call{{&x, &weight, bias}, {stride, padding, dilation, output_padding.value_or(at::IntArrayRef())}, {}};
+  int64_t* slot = call.slots;
+  for (int k = 0; k < 4; ++k) *slot++ = x.size(k);
+  for (int k = 0; k < 4; ++k) *slot++ = weight.size(k);
+  *slot++ = bias ? bias->size(0) : 0;
+  for (const at::IntArrayRef list : call.lists) {
+    for (size_t k = 0; k < 2; ++k) *slot++ = k < list.size() ? list[k] : 0;
   }
-  if (groups < 1) {
-    c.fail("groups", "op_params.groups: groups >= 1", "groups " + std::to_string(groups), "use groups of at least 1");
-  }
-  for (int i = 0; i < 2; ++i) {
-    p.stride[i] = stride[i];
-    p.padding[i] = padding[i];
-    p.dilation[i] = dilation[i];
-  }
-  p.groups = groups;
+  *slot++ = groups;
+  for (const at::IntArrayRef list : call.lists) *slot++ = static_cast<int64_t>(list.size());
+  return call;
 }
 
-// Channel counts against groups, the weight's channel slot, the kernel size and the bias length.
-void check_channels(const Checker& c, Problem& p, const at::Tensor& x, const at::Tensor& weight,
-                    const at::Tensor* bias) {
-  const int64_t groups = p.groups;
-  p.N = x.size(0);
-  p.Cin = x.size(1);
-  p.H = x.size(2);
-  p.W = x.size(3);
-  p.Kh = weight.size(2);
-  p.Kw = weight.size(3);
-  // What the messages show, built only when one is raised.
-  auto xs = [&] { return "x shape " + shape_str(x.sizes()); };
-  auto ws = [&] { return "weight shape " + shape_str(weight.sizes()); };
-  auto gs = [&] { return "groups " + std::to_string(groups); };
+// The smallest value of each evaluation type (std::numeric_limits knows no __int128 under -std=c++20).
+constexpr int64_t lowest(int64_t) { return kInt64Min; }
+constexpr Int128 lowest(Int128) { return static_cast<Int128>(static_cast<unsigned __int128>(1) << 127); }
 
-  if (p.Cin % groups != 0) {
-    c.fail("x", "shape_constraint: x.dim[1] % groups == 0", xs() + ", " + gs(),
-           "use a groups value that divides the input channels x.dim[1]");
-  }
-  if (!p.transpose) {
-    if (weight.size(0) % groups != 0) {
-      c.fail("weight", "shape_constraint: weight.dim[0] % groups == 0", ws() + ", " + gs(),
-             "give weight a number of output channels weight.dim[0] divisible by groups");
-    }
-    if (weight.size(1) != p.Cin / groups) {
-      c.fail("weight", "shape_constraint: weight.dim[1] == x.dim[1] / groups", ws() + ", " + xs() + ", " + gs(),
-             "give weight x.dim[1] / groups = " + std::to_string(p.Cin / groups) +
-                 " input channels in dimension 1 (conv2d weights are [Cout, Cin / groups, Kh, Kw])");
-    }
-    p.Cout = weight.size(0);
-  } else {
-    if (weight.size(0) != p.Cin) {
-      c.fail("weight", "shape_constraint: weight.dim[0] == x.dim[1]", ws() + ", " + xs(),
-             "give weight x.dim[1] = " + std::to_string(p.Cin) +
-                 " input channels in dimension 0 (conv_transpose2d weights are [Cin, Cout / groups, Kh, Kw])");
-    }
-    p.Cout = c.mul(weight.size(1), groups, "groups",
-                   [&] { return std::pair(std::string("weight.dim[1] * groups"), ws() + ", " + gs()); });
-  }
-  if (p.Kh < 1 || p.Kw < 1) {
-    c.fail("weight", "shape_constraint: weight.dim[2 + i] >= 1", ws(), "use a kernel of at least 1x1");
-  }
-  if (bias && bias->size(0) != p.Cout) {
-    const std::string bs = "bias shape " + shape_str(bias->sizes());
-    if (!p.transpose) {
-      c.fail("bias", "shape_constraint: bias.dim[0] == weight.dim[0]", bs + ", " + ws(),
-             "pass a bias with one value per output channel (" + std::to_string(p.Cout) + ")");
-    }
-    c.fail("bias", "shape_constraint: bias.dim[0] == weight.dim[1] * groups", bs + ", " + ws() + ", " + gs(),
-           "pass a bias with one value per output channel (" + std::to_string(p.Cout) + ")");
+// a op b in T, false where the result would not fit (never wraps: no undefined behaviour).
+template <typename T>
+bool apply(Opcode op, T a, T b, T& r) {
+  switch (op) {
+    case Opcode::Add: return !__builtin_add_overflow(a, b, &r);
+    case Opcode::Sub: return !__builtin_sub_overflow(a, b, &r);
+    case Opcode::Mul: return !__builtin_mul_overflow(a, b, &r);
+    case Opcode::Div:  // floor division, as Python's //
+      if (b == 0 || (a == lowest(T{}) && b == -1)) return false;
+      r = a / b - ((a % b != 0) && ((a < 0) != (b < 0)));
+      return true;
+    case Opcode::Mod:  // the sign of the divisor, as Python's %
+      if (b == 0) return false;
+      r = b == -1 ? 0 : a % b;
+      if (r != 0 && ((r < 0) != (b < 0))) r += b;
+      return true;
+    case Opcode::Max: r = std::max(a, b); return true;
+    case Opcode::Min: r = std::min(a, b); return true;
+    case Opcode::Lt: r = a < b; return true;
+    case Opcode::Le: r = a <= b; return true;
+    case Opcode::Gt: r = a > b; return true;
+    case Opcode::Ge: r = a >= b; return true;
+    case Opcode::Eq: r = a == b; return true;
+    case Opcode::Ne: r = a != b; return true;
+    case Opcode::And: r = a && b; return true;
+    case Opcode::Or: r = a || b; return true;
+    default: return false;  // the unary and leaf opcodes never reach here
   }
 }
 
-// The output size along axis i (0: height, 1: width). Every product is checked; sums of checked
-// terms are evaluated in 128 bits and then range-checked, so nothing wraps before it is compared.
-int64_t output_size(const Checker& c, const Problem& p, int i, const at::Tensor& x, const at::Tensor& weight,
-                    std::optional<at::IntArrayRef> output_padding) {
-  const at::IntArrayRef stride(p.stride, 2), padding(p.padding, 2), dilation(p.dilation, 2);
-  auto xs = [&] { return "x shape " + shape_str(x.sizes()); };
-  auto ws = [&] { return "weight shape " + shape_str(weight.sizes()); };
-  auto ss = [&] { return "stride " + shape_str(stride); };
-  auto ps = [&] { return "padding " + shape_str(padding); };
-  auto ds = [&] { return "dilation " + shape_str(dilation); };
-  auto d = [i] { return "[" + std::to_string(2 + i) + "]"; };
-  auto k = [i] { return "[" + std::to_string(i) + "]"; };
-  const int64_t in = x.size(2 + i), kernel = weight.size(2 + i);
-  const int64_t twice_pad = c.mul(2, padding[i], "padding", [&] { return std::pair("2 * padding" + k(), ps()); });
-  const int64_t reach = c.mul(dilation[i], kernel - 1, "dilation", [&] {
-    return std::pair("dilation" + k() + " * (weight.dim" + d() + " - 1)", ws() + ", " + ds());
-  });
-  if (!p.transpose) {
-    const __int128 padded = static_cast<__int128>(in) + twice_pad;
-    if (padded > kInt64Max) c.overflow("padding", "x.dim" + d() + " + 2 * padding" + k(), xs() + ", " + ps());
-    if (static_cast<__int128>(reach) + 1 > padded) {
-      c.fail("weight", "shape_constraint: dilation[i] * (weight.dim[2 + i] - 1) + 1 <= x.dim[2 + i] + 2 * padding[i]",
-             "i = " + std::to_string(i) + ": " + std::to_string(dilation[i]) + " * (" + std::to_string(kernel) +
-                 " - 1) + 1 > " + std::to_string(in) + " + 2 * " + std::to_string(padding[i]),
-             "use a smaller kernel or dilation, or more padding");
+// The program's value in T, or false where a step does not fit in T or divides by zero. The
+// program was checked at install (depth, slots), so the stack stays in bounds.
+template <typename T>
+bool evaluate_as(const Program& program, const int64_t* slots, T& value) {
+  T stack[kMaxDepth];
+  int top = 0;
+  for (const Instr& in : program) {
+    switch (in.op) {
+      case Opcode::Const: stack[top++] = in.operand; break;
+      case Opcode::Var: stack[top++] = slots[in.operand]; break;
+      case Opcode::Neg:
+        if (__builtin_sub_overflow(static_cast<T>(0), stack[top - 1], &stack[top - 1])) return false;
+        break;
+      case Opcode::Not: stack[top - 1] = !stack[top - 1]; break;
+      default:
+        --top;
+        if (!apply<T>(in.op, stack[top - 1], stack[top], stack[top - 1])) return false;
     }
-    return static_cast<int64_t>((padded - reach - 1) / stride[i] + 1);
   }
-  const int64_t spread = c.mul(in - 1, stride[i], "stride",
-                               [&] { return std::pair("(x.dim" + d() + " - 1) * stride" + k(), xs() + ", " + ss()); });
-  const __int128 size = static_cast<__int128>(spread) - twice_pad + reach + p.output_padding[i] + 1;
-  if (size > kInt64Max) {
-    c.overflow("x",
-               "(x.dim" + d() + " - 1) * stride" + k() + " - 2 * padding" + k() + " + dilation" + k() +
-                   " * (weight.dim" + d() + " - 1) + output_padding" + k() + " + 1",
-               xs() + ", " + ws() + ", " + ss() + ", " + ps() + ", " + ds() + ", output_padding " +
-                   shape_str(*output_padding));
+  value = stack[0];
+  return true;
+}
+
+// The value in 128 bits. Every call's values start in int64, and where no step leaves int64 the
+// two agree, so int64 runs first (the cheap common case) and 128 bits only where it overflowed.
+bool evaluate(const Program& program, const int64_t* slots, Int128& value) {
+  int64_t narrow = 0;
+  if (evaluate_as<int64_t>(program, slots, narrow)) {
+    value = narrow;
+    return true;
   }
-  if (size < 1) {
-    c.fail("x",
-           "shape_constraint: (x.dim[2 + i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (weight.dim[2 + i] - 1) "
-           "+ output_padding[i] + 1 >= 1",
-           "i = " + std::to_string(i) + ": (" + std::to_string(in) + " - 1) * " + std::to_string(stride[i]) + " - 2 * " +
-               std::to_string(padding[i]) + " + " + std::to_string(dilation[i]) + " * (" + std::to_string(kernel) +
-               " - 1) + " + std::to_string(p.output_padding[i]) + " + 1 = " + std::to_string(static_cast<int64_t>(size)),
-           "use less padding, or a larger input, kernel, stride or dilation");
+  return evaluate_as<Int128>(program, slots, value);
+}
+
+std::string int128_str(Int128 v) {
+  if (v >= kInt64Min && v <= kInt64Max) return std::to_string(static_cast<int64_t>(v));
+  std::string digits;
+  const bool negative = v < 0;
+  do {
+    const int digit = static_cast<int>(v % 10);
+    digits.insert(digits.begin(), static_cast<char>('0' + (negative ? -digit : digit)));
+    v /= 10;
+  } while (v != 0);
+  return (negative ? "-" : "") + digits;
+}
+
+// A message part, built only when a check fails.
+std::string render(const Template& parts, const Call& call) {
+  std::string text;
+  for (const Segment& part : parts) {
+    Int128 value = 0;
+    switch (part.kind) {
+      case Segment::Text: text += part.text; break;
+      case Segment::Shape: text += shape_str(call.tensors[part.index]->sizes()); break;
+      case Segment::List: text += shape_str(call.lists[part.index]); break;
+      case Segment::Value: text += evaluate(part.program, call.slots, value) ? int128_str(value) : "?"; break;
+    }
   }
-  return static_cast<int64_t>(size);
+  return text;
+}
+
+// The stack depth a program reaches, or -1 where it is malformed (a slot out of range, an operand
+// missing, not exactly one value left).
+int depth_of(const Program& program) {
+  int top = 0, deepest = 0;
+  for (const Instr& in : program) {
+    if (in.op == Opcode::Var && (in.operand < 0 || in.operand >= kGeometrySlots)) return -1;
+    const bool leaf = in.op == Opcode::Const || in.op == Opcode::Var;
+    const bool unary = in.op == Opcode::Neg || in.op == Opcode::Not;
+    if (top < (leaf ? 0 : unary ? 1 : 2)) return -1;
+    top += leaf ? 1 : unary ? 0 : -1;
+    deepest = std::max(deepest, top);
+  }
+  return top == 1 ? deepest : -1;
+}
+
+void check_program(const Program& program, const std::string& op) {
+  const int depth = depth_of(program);
+  TORCH_CHECK(depth >= 1 && depth <= kMaxDepth, "fuel_torch: a geometry program of fuel::", op,
+              " is malformed or deeper than ", kMaxDepth);
 }
 
 }  // namespace
 
+Opcode opcode_named(const std::string& name) {
+  static const std::map<std::string, Opcode> opcodes = {
+      {"const", Opcode::Const}, {"var", Opcode::Var}, {"add", Opcode::Add}, {"sub", Opcode::Sub},
+      {"mul", Opcode::Mul},     {"div", Opcode::Div}, {"mod", Opcode::Mod}, {"neg", Opcode::Neg},
+      {"max", Opcode::Max},     {"min", Opcode::Min}, {"lt", Opcode::Lt},   {"le", Opcode::Le},
+      {"gt", Opcode::Gt},       {"ge", Opcode::Ge},   {"eq", Opcode::Eq},   {"ne", Opcode::Ne},
+      {"and", Opcode::And},     {"or", Opcode::Or},   {"not", Opcode::Not}};
+  const auto it = opcodes.find(name);
+  TORCH_CHECK(it != opcodes.end(), "fuel_torch: unknown geometry opcode ", name);
+  return it->second;
+}
+
+void install_geometry(std::map<std::string, std::vector<GeometryStep>> steps) {
+  for (const auto& [op, list] : steps) {
+    bool gives[4] = {false, false, false, false};
+    for (const GeometryStep& step : list) {
+      check_program(step.program, op);
+      for (const Template* parts : {&step.seen, &step.fix}) {
+        for (const Segment& part : *parts) {
+          if (part.kind == Segment::Value) check_program(part.program, op);
+          TORCH_CHECK(part.kind == Segment::Text || part.kind == Segment::Value ||
+                          (part.index >= 0 && part.index < (part.kind == Segment::Shape ? 3 : 4)),
+                      "fuel_torch: a geometry message of fuel::", op, " names no argument");
+        }
+      }
+      TORCH_CHECK(step.out < 4, "fuel_torch: fuel::", op, " has no output dimension ", step.out);
+      if (step.out >= 0) gives[step.out] = true;
+      TORCH_CHECK(!step.needs_bias || step.out < 0, "fuel_torch: an output dimension cannot need a bias");
+    }
+    TORCH_CHECK(gives[0] && gives[1] && gives[2] && gives[3], "fuel_torch: the geometry of fuel::", op,
+                " does not give all four output dimensions");
+  }
+  std::lock_guard<std::mutex> lock(install_mutex);
+  all_tables.push_back(std::make_unique<Steps>(steps.begin(), steps.end()));
+  current_table.store(all_tables.back().get(), std::memory_order_release);
+}
+
+namespace {
+
+// The last call that passed on this thread: the checks read nothing but the slots, so a call with the
+// same op, table, bias presence and slots passes them again with the same outputs (a training loop
+// repeats one geometry: its calls skip the programs).
+struct Passed {
+  const std::vector<GeometryStep>* steps = nullptr;
+  bool bias = false;
+  int64_t slots[kGeometrySlots] = {};
+  int64_t out[4] = {};
+};
+thread_local Passed last_passed;
+
+// Runs the steps in order (messages built only on failure); the output dimensions into `out`.
+void run_steps(const Checker& c, const std::vector<GeometryStep>& steps, const Call& call, int64_t* out) {
+  const bool bias = call.tensors[2] != nullptr;
+  Passed& last = last_passed;
+  if (last.steps == &steps && last.bias == bias &&
+      std::equal(call.slots, call.slots + kGeometrySlots, last.slots)) {
+    std::copy(last.out, last.out + 4, out);
+    return;
+  }
+  for (const GeometryStep& step : steps) {
+    if (step.needs_bias && !bias) continue;
+    Int128 value = 0;
+    const bool ok = evaluate(step.program, call.slots, value);
+    if (!ok || (step.kind == GeometryStep::Rule ? value == 0 : (value > kInt64Max || value < kInt64Min))) {
+      c.fail(step.arg, step.clause, render(step.seen, call), render(step.fix, call));
+    }
+    if (step.out >= 0) out[step.out] = static_cast<int64_t>(value);
+  }
+  last.steps = &steps, last.bias = bias;
+  std::copy(call.slots, call.slots + kGeometrySlots, last.slots);
+  std::copy(out, out + 4, last.out);
+}
+
+}  // namespace
+
+// Runs the installed checks of `op`, then fills the Problem the kernels consume.
 Problem validate(const Checker& c, const at::Tensor& x, const at::Tensor& weight, const at::Tensor* bias,
                  at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
                  std::optional<at::IntArrayRef> output_padding, int64_t groups) {
+  const Steps* table = current_table.load(std::memory_order_acquire);
+  TORCH_CHECK(table, "fuel::", c.op, ": no geometry table is installed (import fuel_torch installs it)");
+  const auto steps = table->find(c.op);
+  TORCH_CHECK(steps != table->end(), "fuel::", c.op, ": the geometry table has no checks for this op");
+  const Call call = call_of(x, weight, bias, stride, padding, dilation, output_padding, groups);
+  int64_t out[4] = {0, 0, 0, 0};
+  run_steps(c, steps->second, call, out);
   Problem p;
-  check_params(c, p, stride, padding, dilation, output_padding, groups);
-  check_channels(c, p, x, weight, bias);
-  p.Ho = output_size(c, p, 0, x, weight, output_padding);
-  p.Wo = output_size(c, p, 1, x, weight, output_padding);
+  p.transpose = output_padding.has_value();
+  p.N = x.size(0), p.Cin = x.size(1), p.H = x.size(2), p.W = x.size(3);
+  p.Kh = weight.size(2), p.Kw = weight.size(3);
+  p.Cout = out[1], p.Ho = out[2], p.Wo = out[3], p.groups = groups;
+  for (int i = 0; i < 2; ++i) {  // from the slots: in bounds even for a table that checks no length
+    p.stride[i] = call.slots[kStrideSlot + i], p.padding[i] = call.slots[kPaddingSlot + i];
+    p.dilation[i] = call.slots[kDilationSlot + i];
+    p.output_padding[i] = p.transpose ? call.slots[kOutputPaddingSlot + i] : 0;
+  }
   return p;
 }
 

@@ -1,23 +1,21 @@
-// Geometry and validation of a convolution call: every parameter range-checked and every product
-// overflow-checked before anything is allocated, with the contract's clause texts.
-//
-// The clause texts quote contracts/convolution.fkc.md; fuel_torch/convolution.py is the Python twin
-// and must produce the same messages in the same order (a test compares them).
+// Geometry and validation of a convolution call. The checks are not written here: they are the
+// programs fuel_torch/geometry.py compiles from contracts/convolution.geometry.yaml and installs at
+// import (install_geometry); validate() runs them on every call, before anything is allocated. The
+// Python fake kernels run the same programs, so both give the same messages in the same order.
 #pragma once
 
 #include <ATen/ATen.h>
-#include <c10/util/safe_numerics.h>
 
+#include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
-#include <utility>
+#include <vector>
 
 #include "../contract_rules.h"
 #include "problem.h"
 
 namespace fuel {
-
-extern const char* const kOverflowClause;
 
 struct Checker {
   const std::string op;
@@ -27,39 +25,46 @@ struct Checker {
                          const std::string& fix) const {
     fuel::fail(op, rule.kernel, arg, clause, seen, fix);
   }
-
-  [[noreturn]] void overflow(const std::string& arg, const std::string& expr, const std::string& context) const {
-    fail(arg, kOverflowClause, expr + " overflows int64 (" + context + ")", "use a smaller " + arg);
-  }
-
-  // a * b, or the overflow error; describe() gives its (expression, context) only when needed.
-  template <typename Describe>
-  int64_t mul(int64_t a, int64_t b, const char* arg, Describe describe) const {
-    int64_t result = 0;
-    if (c10::mul_overflows(a, b, &result)) {
-      const auto [expr, context] = describe();
-      overflow(arg, expr, context);
-    }
-    return result;
-  }
-
-  // A list parameter: exactly two values (the schema's int[2] does not enforce its length).
-  void pair(at::IntArrayRef values, const char* name) const {
-    if (values.size() != 2) {
-      fail(name, std::string("op_params.") + name + ": int[2]",
-           std::to_string(values.size()) + " values " + shape_str(values), "pass one int or a list of two ints");
-    }
-  }
-
-  void at_least(at::IntArrayRef values, const char* name, int64_t minimum) const {
-    pair(values, name);
-    if (values[0] < minimum || values[1] < minimum) {
-      fail(name, std::string("op_params.") + name + ": " + name + "[i] >= " + std::to_string(minimum),
-           std::string(name) + " " + shape_str(values),
-           std::string("use a ") + name + " of at least " + std::to_string(minimum) + " in each dimension");
-    }
-  }
 };
+
+// A postfix program over the call's slots (fuel_torch/geometry.py: SLOTS, in this order).
+enum class Opcode : uint8_t { Const, Var, Add, Sub, Mul, Div, Mod, Neg, Max, Min, Lt, Le, Gt, Ge, Eq, Ne, And, Or, Not };
+struct Instr {
+  Opcode op;
+  int64_t operand = 0;  // Const: the value; Var: the slot
+};
+using Program = std::vector<Instr>;
+// The slots: x.dim[0..3], weight.dim[0..3], bias.dim[0]; stride, padding, dilation, output_padding,
+// two each; groups; the four lists' lengths.
+constexpr int kGeometrySlots = 22;
+constexpr int kStrideSlot = 9, kPaddingSlot = 11, kDilationSlot = 13, kOutputPaddingSlot = 15;
+
+// A message part: text, a tensor's shape (x, weight, bias), a list argument (stride, padding,
+// dilation, output_padding) or a program's value.
+struct Segment {
+  enum Kind : uint8_t { Text, Shape, List, Value } kind = Text;
+  std::string text;
+  int64_t index = 0;
+  Program program;
+};
+using Template = std::vector<Segment>;
+
+// One check at one axis: a rule fails where its program is false, a term where its value leaves
+// int64; an output term also gives output dimension `out`. Any step fails where its evaluation
+// would leave 128 bits or divide by zero.
+struct GeometryStep {
+  enum Kind : uint8_t { Rule, Fits, Out } kind = Rule;
+  std::string arg, clause;
+  Program program;
+  Template seen, fix;
+  bool needs_bias = false;
+  int out = -1;
+};
+
+// Per op (conv2d, conv_transpose2d), the steps in order. Checked when installed: every program is
+// well formed (slots in range, stack within bounds), every op gives all four output dimensions.
+void install_geometry(std::map<std::string, std::vector<GeometryStep>> steps);
+Opcode opcode_named(const std::string& name);
 
 // The output shape and the geometry the kernels need; output_padding is set for conv_transpose2d.
 Problem validate(const Checker& c, const at::Tensor& x, const at::Tensor& weight, const at::Tensor* bias,
