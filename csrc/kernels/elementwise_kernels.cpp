@@ -16,6 +16,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <utility>
 
@@ -250,6 +251,7 @@ V pow_per_lane(const V& a, const V& b) {
 }
 
 struct Pow {
+  static constexpr int64_t kWorkPerElement = 16;
   template <typename V> static V apply(const V& a, const V& b) {
     if constexpr (std::is_same_v<V, Vectorized<float>>) {
       return pow_float</*kWideCore=*/true>(a, b);
@@ -283,6 +285,7 @@ T remainder_of(T a, T b) {
 // lanes are rem already. Lanes outside that range (huge quotients, zero or infinite divisors, NaN)
 // take remainder_of one by one; both ways give the same bits.
 struct Rem {
+  static constexpr int64_t kWorkPerElement = 4;
   template <typename V> static V apply(const V& a, const V& b) {
     using T = typename V::value_type;
     V rem;
@@ -340,15 +343,47 @@ Vectorized<float> apply_to_half_lanes(const Vectorized<float>& a, const Vectoriz
 template <typename scalar_t>
 constexpr bool is_half = std::is_same_v<scalar_t, at::BFloat16> || std::is_same_v<scalar_t, at::Half>;
 
+// Two float lane masks (all ones or zeros per lane) as one mask of 16-bit lanes, in lane order.
+template <typename scalar_t>
+inline Vectorized<scalar_t> narrow_mask(const Vectorized<float>& lo, const Vectorized<float>& hi) {
+#if defined(CPU_CAPABILITY_AVX512)
+  // packs works within 128-bit blocks: lo's and hi's blocks alternate, put back in order.
+  const __m512i packed = _mm512_packs_epi32(_mm512_castps_si512(lo), _mm512_castps_si512(hi));
+  return _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), packed);
+#elif defined(CPU_CAPABILITY_AVX2)
+  const __m256i packed = _mm256_packs_epi32(_mm256_castps_si256(lo), _mm256_castps_si256(hi));
+  return _mm256_permute4x64_epi64(packed, 0xd8);
+#else
+  constexpr int F = Vectorized<float>::size();
+  __at_align__ float lanes[2 * F];
+  __at_align__ int16_t mask[2 * F];
+  lo.store(lanes);
+  hi.store(lanes + F);
+  for (int i = 0; i < 2 * F; ++i) {
+    int32_t bits;
+    std::memcpy(&bits, &lanes[i], sizeof(bits));
+    mask[i] = bits != 0 ? int16_t(-1) : int16_t(0);
+  }
+  return Vectorized<scalar_t>::loadu(mask);
+#endif
+}
+
 // op(a, b) for one vector of operands. Body and tail go through this same function (the tail's
 // unused lanes hold zeros and are never stored), so out[i] depends on lhs[i] and rhs[i] alone.
 template <typename scalar_t, typename Op>
 inline Vectorized<scalar_t> compute(const Vectorized<scalar_t>& a, const Vectorized<scalar_t>& b) {
   using Vec = Vectorized<scalar_t>;
   if constexpr (is_selection<Op>::value) {
-    // The choice is made on the stored operands, halves included (their vector comparisons run in
-    // float and give 16-bit lane masks), so a chosen NaN keeps its payload.
-    return Vec::blendv(a, b, Op::take_rhs(a, b));
+    // The choice is applied to the stored operands, so a chosen NaN keeps its payload. Halves are
+    // compared widened once (Vectorized's own half comparisons widen both operands per comparison
+    // and narrow each mask back), the float lane masks narrowed to the 16-bit lanes.
+    if constexpr (is_half<scalar_t>) {
+      auto [a_lo, a_hi] = at::vec::convert_to_float<scalar_t>(a);
+      auto [b_lo, b_hi] = at::vec::convert_to_float<scalar_t>(b);
+      return Vec::blendv(a, b, narrow_mask<scalar_t>(Op::take_rhs(a_lo, b_lo), Op::take_rhs(a_hi, b_hi)));
+    } else {
+      return Vec::blendv(a, b, Op::take_rhs(a, b));
+    }
   } else if constexpr (is_half<scalar_t>) {
     auto [a_lo, a_hi] = at::vec::convert_to_float<scalar_t>(a);
     auto [b_lo, b_hi] = at::vec::convert_to_float<scalar_t>(b);
@@ -419,10 +454,15 @@ void run_range(const scalar_t* lhs, const scalar_t* rhs, scalar_t* out, int64_t 
   if constexpr (kStreaming) _mm_sfence();  // streamed lines are visible before the threads join
 }
 
-// Threads only for calls long enough to repay waking them (measured: benchmarks/bench_elementwise.py
-// at 16K..256K elements, 1 vs 2 threads); chunks start on whole vectors so that no split adds
-// partial vectors.
-constexpr int64_t kGrainBytes = 1 << 17;
+// Threads only for calls long enough to repay waking them: 32K elements for the ops that cost
+// about a load and a store per element (torch's grain too), proportionally fewer for those that
+// compute more (Op::kWorkPerElement; measured with benchmarks/bench_elementwise.py at 64K
+// elements, 1 vs 2 threads). Chunks start on whole vectors so that no split adds partial vectors.
+constexpr int64_t kGrainElements = 32768;
+template <typename Op, typename = void> struct work_per_element : std::integral_constant<int64_t, 1> {};
+template <typename Op>
+struct work_per_element<Op, std::void_t<decltype(Op::kWorkPerElement)>>
+    : std::integral_constant<int64_t, Op::kWorkPerElement> {};
 
 template <typename scalar_t, typename Op>
 void binary_kernel(const void* lhs_data, const void* rhs_data, void* out_data, int64_t n) {
@@ -430,7 +470,7 @@ void binary_kernel(const void* lhs_data, const void* rhs_data, void* out_data, i
   const auto* rhs = static_cast<const scalar_t*>(rhs_data);
   auto* out = static_cast<scalar_t*>(out_data);
   constexpr int64_t V = Vectorized<scalar_t>::size();
-  constexpr int64_t grain = std::max<int64_t>(V, kGrainBytes / static_cast<int64_t>(sizeof(scalar_t)) / V * V);
+  constexpr int64_t grain = std::max<int64_t>(V, kGrainElements / work_per_element<Op>::value / V * V);
   const bool streaming = kCanStream && 3 * n * static_cast<int64_t>(sizeof(scalar_t)) > last_level_cache_bytes() &&
                          reinterpret_cast<uintptr_t>(out) % sizeof(Vectorized<scalar_t>) == 0;
   const auto range = streaming ? run_range<scalar_t, Op, true> : run_range<scalar_t, Op, false>;
