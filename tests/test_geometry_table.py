@@ -60,6 +60,9 @@ TRIGGERS = [
     (T, (1, 4, 8, 8), (4, 4, 3, 3), None, {"stride": BIG}),
     (T, (1, 4, 2, 2), (4, 4, 2, 2), None, {"stride": [BIG, 1], "dilation": [BIG, 1]}),
     (T, (1, 4, 1, 1), (4, 4, 1, 1), None, {"padding": 1}),
+    # `returns`, the allocation rule: strides beyond int64 (so even with an empty batch).
+    ("conv2d", (1, 1, 1, 1), (1, 1, 1, 1), None, {"padding": 2**40}),
+    (T, (1, 1, 1, 1), (1, 1, 2, 2), None, {"dilation": 2**40}),
 ]
 IDS = [f"{op}-{i}" for i, (op, *_) in enumerate(TRIGGERS)]
 
@@ -235,7 +238,7 @@ def test_expressions_outside_the_language_are_refused(text, problem):
 
 def test_cpp_refuses_a_malformed_program_and_keeps_its_table():
     steps = geometry.installed().for_cpp()
-    for program in ([("var", 22)], [("add", 0)], [("const", 1), ("const", 2)], [("const", 1)] * 17):
+    for program in ([("var", len(geometry.SLOTS))], [("add", 0)], [("const", 1), ("const", 2)], [("const", 1)] * 17):
         broken = {op: [dict(s) for s in ss] for op, ss in steps.items()}
         broken["conv2d"][0]["program"] = tuple(program)
         with pytest.raises(RuntimeError, match="malformed or deeper"):
