@@ -58,7 +58,7 @@ fuel::Program program_of(const py::handle& code) {
 fuel::Template template_of(const py::handle& parts) {
   static const std::map<std::string, fuel::Segment::Kind> kinds = {
       {"text", fuel::Segment::Text}, {"shape", fuel::Segment::Shape}, {"list", fuel::Segment::List},
-      {"value", fuel::Segment::Value}};
+      {"value", fuel::Segment::Value}, {"dtype", fuel::Segment::Dtype}};
   fuel::Template result;
   for (const auto& entry : parts.cast<py::tuple>()) {
     const auto part = entry.cast<py::tuple>();
@@ -76,8 +76,9 @@ fuel::Template template_of(const py::handle& parts) {
   return result;
 }
 
-// steps: {op: [{kind, name, arg, clause, program, seen, fix, needs_bias, out}]}, as
-// fuel_torch/geometry.py's Table.for_cpp() gives them.
+// steps: {op: [{kind, name, arg, clause, program, seen, fix, needs_bias, out, needs_allocation,
+// never_guard}]}, as fuel_torch/geometry.py's Table.for_cpp() gives them (never_guard concerns the
+// symbolic sizes of the fake kernels only: C++ sees real sizes).
 void install_geometry(const py::dict& table) {
   static const std::map<std::string, fuel::GeometryStep::Kind> kinds = {
       {"rule", fuel::GeometryStep::Rule}, {"fits", fuel::GeometryStep::Fits}, {"out", fuel::GeometryStep::Out}};
@@ -96,6 +97,7 @@ void install_geometry(const py::dict& table) {
       step.seen = template_of(raw["seen"]);
       step.fix = template_of(raw["fix"]);
       step.needs_bias = raw["needs_bias"].cast<bool>();
+      step.needs_allocation = raw["needs_allocation"].cast<bool>();
       step.out = raw["out"].cast<int>();
       list.push_back(std::move(step));
     }

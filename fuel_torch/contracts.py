@@ -113,6 +113,7 @@ class OutputClause:
     shape_rule: str
     layout_guarantee: str
     aliasing: str
+    allocation: str | None = None  # the allocation rule (convolution.geometry.yaml's `returns` enforce it)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,10 +242,9 @@ def _parse_input(f: _Fields, raw: Any, path: str) -> InputClause:
 
 def _parse_output(f: _Fields, raw: Any, path: str) -> OutputClause:
     f.known_keys(raw, "output", path)
-    for key in ("allocation",):
-        f.get(raw, key, path, (str,), None)
     return OutputClause(*(f.get(raw, key, path, (str,)) for key in
-                          ("name", "dtype_rule", "shape_rule", "layout_guarantee", "aliasing")))
+                          ("name", "dtype_rule", "shape_rule", "layout_guarantee", "aliasing")),
+                        allocation=f.get(raw, "allocation", path, (str,), None))
 
 
 def _parse_kernel(block: Any, source: str) -> Contract:

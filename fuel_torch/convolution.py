@@ -4,21 +4,15 @@ One place per concern, as in elementwise.py: the contract check (shared by the A
 kernels), the fake kernels torch.compile traces with, and the Python API that applies the layout
 policy. The geometry checks are not written here: they come from contracts/convolution.geometry.yaml
 through fuel_torch/geometry.py, which runs the very programs the C++ kernels run (its docstring says
-how symbolic sizes are decided).
-
-The allocation check below never becomes a guard on symbolic sizes: it fires only where the shape
-environment proves the output too large; otherwise the C++ kernel checks the real sizes on every
-call. (A guard such as `batch * 32 * 8 * 8 * 4 <= physical memory` would bound the batch of every
-compiled or exported program: torch.export refuses such a bound on an open Dim.)
+how symbolic sizes are decided). So does the allocation rule (the table's `returns`): on symbolic
+sizes it never becomes a guard.
 """
 from __future__ import annotations
 
-import os
 from typing import Sequence
 
 import torch
 import torch.nn.functional as F
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from . import enforce, geometry, layout, reference
 from .contracts import Contract, installed
@@ -31,39 +25,15 @@ TORCH_EQUIVALENT = {
     "conv_transpose2d": F.conv_transpose2d,
 }
 
-ALLOCATION = "return.allocation: out.numel * dtype_bytes <= physical memory; strides and byte size within int64"
-
-
-def physical_memory() -> int:
-    """What csrc/convolution/geometry.cpp compares an output against: sysconf's physical pages."""
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
 
 def output_shape(rule: Contract, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                  stride: Sequence, padding: Sequence, dilation: Sequence, output_padding: Sequence | None,
-                 groups) -> list:
+                 groups, allocates: bool = True) -> list:
     """Check the geometry with the installed table (contracts/convolution.geometry.yaml, the one C++
-    checks with) and return the output shape."""
-    return geometry.check(rule.op, rule.kernel, x, weight, bias, stride, padding, dilation, output_padding, groups)
-
-
-def check_allocation(rule: Contract, shape: Sequence, dtype: torch.dtype) -> None:
-    """Refuse an output this machine cannot hold (twin of check_allocation() in C++). Empty dimensions
-    count as 1 in the overflow test, as in a contiguous tensor's strides."""
-    def fail(seen: str):
-        raise enforce.violation(rule.op, rule.kernel, "out", ALLOCATION, seen, "use smaller sizes, or split the batch")
-
-    extent = dtype.itemsize
-    for size in shape:
-        extent = extent * torch.sym_max(size, 1)
-    what = f"out shape {enforce.shape_str(shape)} of {enforce.dtype_str(dtype)}: "
-    if geometry.beyond_int64(extent):
-        fail(what + "strides or byte size beyond int64")
-    nbytes = shape[0] * shape[1] * shape[2] * shape[3] * dtype.itemsize
-    physical = physical_memory()
-    surely = nbytes > physical
-    if surely if isinstance(surely, bool) else statically_known_true(surely):
-        fail(what + f"{nbytes} bytes, physical memory {physical} bytes")
+    checks with) and return the output shape. allocates: the output is to be allocated (no out=), so
+    the table's allocation rule applies too."""
+    return geometry.check(rule.op, rule.kernel, x, weight, bias, stride, padding, dilation, output_padding, groups,
+                          allocates=allocates)
 
 
 def check(op: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: Sequence,
@@ -73,11 +43,9 @@ def check(op: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     operands = [("x", x), ("weight", weight), ("bias", bias)]
     rule = enforce.check_inputs(installed(), op, operands)
     shape = output_shape(rule, x, weight, bias, stride, padding, dilation,
-                         output_padding if op == "conv_transpose2d" else None, groups)
+                         output_padding if op == "conv_transpose2d" else None, groups, allocates=out is None)
     if out is not None:
         enforce.check_out(rule, out, x.dtype, shape, operands)
-    else:
-        check_allocation(rule, shape, x.dtype)
     return rule, shape
 
 

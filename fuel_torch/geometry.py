@@ -4,13 +4,15 @@ The table (its header says what it may contain) is compiled here into small post
 per check and axis. The same programs are installed into C++ (fuel_torch._C.install_geometry, run
 by csrc/convolution/geometry.cpp on every eager call) and run by `check()` below for the API and
 the fake kernels, so both sides check the same rules in the same order with the same messages.
-The output shape comes from the contracts' `shape_rule`.
+The output shape comes from the contracts' `shape_rule`; the table's `returns` then check the output
+it gives (the contracts' `return.allocation`).
 
 Symbolic sizes (torch.compile(dynamic=True), torch.export with a Dim): an overflow term never
 becomes a guard. It fires only where the shape environment proves it broken; otherwise the C++
 kernel checks the real sizes on every call. (A guard such as `batch * 32 * 8 * 8 * 4 <= ...` would
 bound the batch of every compiled or exported program: torch.export refuses such a bound on an
-open Dim.) A rule is decided as torch's conv decides its own: a guard on sizes with a hint, a
+open Dim.) Nor does a rule marked `guard: never` (the allocation rule): it too fails only where
+provably broken. Any other rule is decided as torch's conv decides its own: a guard on sizes with a hint, a
 runtime assertion on data-dependent ones.
 """
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
+import os
 import re
 from pathlib import Path
 from typing import Any, Sequence
@@ -32,14 +35,18 @@ TABLE_FILE = "convolution.geometry.yaml"
 OPS = ("conv2d", "conv_transpose2d")
 TENSORS = ("x", "weight", "bias")
 LISTS = ("stride", "padding", "dilation", "output_padding")
-# The variables of one call, in the order of the C++ twin's slots (geometry.cpp fills the same).
+# The variables of one call, in the order of the C++ twin's slots (geometry.cpp fills the same): the
+# inputs, then the output dimensions, which the shape rule's steps fill (only `returns` may read them).
+OUT_DIMS = [f"out.dim[{k}]" for k in range(4)]
 SLOTS = ([f"x.dim[{k}]" for k in range(4)] + [f"weight.dim[{k}]" for k in range(4)] + ["bias.dim[0]"]
-         + [f"{name}[{k}]" for name in LISTS for k in range(2)] + ["groups"] + [f"len({name})" for name in LISTS])
+         + [f"{name}[{k}]" for name in LISTS for k in range(2)] + ["groups"] + [f"len({name})" for name in LISTS]
+         + ["dtype_bytes", "physical_memory"] + OUT_DIMS)
 SLOT = {name: index for index, name in enumerate(SLOTS)}
+OUT_SLOT = SLOT["out.dim[0]"]
 MAX_DEPTH = 16  # the C++ evaluator's stack; the compiler refuses a deeper expression
 INT64_MAX, INT64_MIN = 2**63 - 1, -(2**63)
 INT128_MAX, INT128_MIN = 2**127 - 1, -(2**127)
-KEYS = frozenset({"ops", "when", "arg", "clause", "holds", "fits", "seen", "fix", "context"})
+KEYS = frozenset({"ops", "when", "arg", "clause", "holds", "fits", "seen", "fix", "context", "guard"})
 
 _BINARY = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div", ast.FloorDiv: "div", ast.Mod: "mod"}
 _COMPARE = {ast.Lt: "lt", ast.LtE: "le", ast.Gt: "gt", ast.GtE: "ge", ast.Eq: "eq", ast.NotEq: "ne"}
@@ -49,8 +56,10 @@ _ARITHMETIC = frozenset(_BINARY.values()) | {"neg", "max", "min"}
 class _Compiler:
     """One expression at one axis -> [(opcode, operand)]: a postfix program over SLOTS."""
 
-    def __init__(self, text: str, axis: int, where: str):
+    def __init__(self, text: str, axis: int, where: str, outputs: bool = False):
         self.text, self.axis, self.where = text, axis, where
+        # The output dimensions exist only once the shape rule ran: after it, in `returns`.
+        self.names = SLOTS if outputs else [name for name in SLOTS if name not in OUT_DIMS]
         self.code: list[tuple[str, int]] = []
         self.depth = self.max_depth = 0
 
@@ -87,8 +96,8 @@ class _Compiler:
         raise self.fail(f"an index is made of integers and i, got `{ast.unparse(node)}`")
 
     def variable(self, name: str) -> str:
-        if name not in SLOT:
-            raise self.fail(f"unknown name `{name}` (known: {', '.join(SLOTS)})")
+        if name not in self.names:
+            raise self.fail(f"unknown name `{name}` (known: {', '.join(self.names)})")
         self.emit("var", SLOT[name])
         return "int"
 
@@ -148,12 +157,14 @@ class _Compiler:
                 raise self.fail(f"`{ast.unparse(operand)}` must be {'a condition' if kind == 'bool' else 'an integer'}")
 
 
-def compile_expression(text: str, axis: int, where: str, want: str = "int") -> tuple[tuple[str, int], ...]:
-    return tuple(_Compiler(text, axis, where).compile(want))
+def compile_expression(text: str, axis: int, where: str, want: str = "int",
+                       outputs: bool = False) -> tuple[tuple[str, int], ...]:
+    return tuple(_Compiler(text, axis, where, outputs).compile(want))
 
 
-def compile_template(text: str, axis: int, where: str) -> tuple[tuple, ...]:
-    """A message part -> segments: ("text", s), ("shape", tensor), ("list", list) or ("value", program)."""
+def compile_template(text: str, axis: int, where: str, outputs: bool = False) -> tuple[tuple, ...]:
+    """A message part -> segments: ("text", s), ("shape", tensor), ("list", list), ("dtype", 0): x's
+    dtype, or ("value", program)."""
     segments: list[tuple] = []
     for k, piece in enumerate(re.split(r"\{([^{}]*)\}", " ".join(text.split()))):
         if k % 2 == 0:
@@ -165,8 +176,10 @@ def compile_template(text: str, axis: int, where: str) -> tuple[tuple, ...]:
             segments.append(("shape", TENSORS.index(piece)))
         elif piece in LISTS:
             segments.append(("list", LISTS.index(piece)))
+        elif piece == "dtype":
+            segments.append(("dtype", 0))
         else:
-            segments.append(("value", compile_expression(piece, axis, where)))
+            segments.append(("value", compile_expression(piece, axis, where, outputs=outputs)))
     return tuple(segments)
 
 
@@ -178,7 +191,9 @@ def _axis_text(text: str, axis: int) -> str:
 @dataclasses.dataclass(frozen=True)
 class Step:
     """One check at one axis. kind: 'rule' (fails where `program` is false) or 'fits' (where its
-    value leaves int64); 'out' is a fits step that also gives output dimension `out`."""
+    value leaves int64); 'out' is a fits step that also gives output dimension `out`. needs_bias: only
+    when a bias is passed; needs_allocation: only when the op allocates its output (not .out);
+    never_guard: on symbolic sizes, fails only where provably false and never adds a guard."""
 
     kind: str
     name: str  # the check it comes from: its clause (a rule), `fits: <expression>` (a term), `out.dim[k]`
@@ -189,6 +204,8 @@ class Step:
     fix: tuple
     needs_bias: bool = False
     out: int = -1
+    needs_allocation: bool = False
+    never_guard: bool = False
 
 
 class Table:
@@ -213,27 +230,33 @@ class _Builder:
         self.source, self.overflow = source, overflow
         self.steps: dict[str, list[Step]] = {op: [] for op in OPS}
 
-    def add(self, raw: Any, where: str, axes: Sequence[int]) -> None:
+    def add(self, raw: Any, where: str, axes: Sequence[int], returns: bool = False) -> None:
         if not isinstance(raw, dict) or not set(raw) <= KEYS:
             raise ContractFormatError(f"{where}: expected a mapping with keys among {', '.join(sorted(KEYS))}")
         if not all(isinstance(value, str) for key, value in raw.items() if key != "ops"):
             raise ContractFormatError(f"{where}: every field but 'ops' is a string")
         ops = raw.get("ops", list(OPS))
-        if not isinstance(ops, list) or not set(ops) <= set(OPS) or raw.get("when", "bias") != "bias":
-            raise ContractFormatError(f"{where}: 'ops' is a list of {OPS}; 'when' is absent or 'bias'")
+        if not isinstance(ops, list) or not set(ops) <= set(OPS) or raw.get("when", "bias") not in ("bias", "allocates") \
+                or raw.get("guard", "never") != "never":
+            raise ContractFormatError(f"{where}: 'ops' is a list of {OPS}; 'when' is absent, 'bias' or 'allocates'; "
+                                      "'guard' is absent or 'never'")
         if not isinstance(raw.get("arg"), str) or ("clause" in raw) == ("fits" in raw):
             raise ContractFormatError(f"{where}: a check has an 'arg' and either a 'clause' or 'fits'")
+        if returns and not ("clause" in raw and "holds" in raw and raw["clause"].startswith("return.")):
+            # The return clauses are prose ("out.numel * dtype_bytes <= physical memory; ..."), not expressions.
+            raise ContractFormatError(f"{where}: a check of `returns` quotes a `return.` clause and states `holds`")
         for axis in axes:
-            step = self.rule(raw, where, axis) if "clause" in raw else self.term(raw, where, axis)
+            step = self.rule(raw, where, axis, returns) if "clause" in raw else self.term(raw, where, axis)
             for op in ops:
                 self.steps[op].append(step)
 
-    def rule(self, raw: dict, where: str, axis: int) -> Step:
+    def rule(self, raw: dict, where: str, axis: int, returns: bool = False) -> Step:
         clause = raw["clause"]
         holds = raw.get("holds", clause.split(": ", 1)[-1])
-        seen, fix = (compile_template(raw.get(key, ""), axis, where) for key in ("seen", "fix"))
-        return Step("rule", clause, raw["arg"], clause, compile_expression(holds, axis, where, "bool"), seen, fix,
-                    raw.get("when") == "bias")
+        seen, fix = (compile_template(raw.get(key, ""), axis, where, returns) for key in ("seen", "fix"))
+        return Step("rule", clause, raw["arg"], clause, compile_expression(holds, axis, where, "bool", returns), seen,
+                    fix, raw.get("when") == "bias", needs_allocation=raw.get("when") == "allocates",
+                    never_guard="guard" in raw)
 
     def term(self, raw: dict, where: str, axis: int) -> Step:
         text = " ".join(raw["fits"].split())
@@ -259,10 +282,12 @@ class _Builder:
 
 
 def contract_clauses(contracts: ContractSet, op: str) -> set[str]:
-    """The shape_constraint and op_params clauses the registrable contracts of `op` state (all of them:
+    """The shape_constraint, op_params and return.allocation clauses the registrable contracts of `op` state (all of them:
     a clause in one dtype's contract only is still a clause of the op). `int` kinds are the schema's."""
     clauses: set[str] = set()
     for contract in contracts.for_op(op):
+        if contract.outputs[0].allocation is not None:
+            clauses.add(f"return.allocation: {contract.outputs[0].allocation}")
         for clause in contract.inputs:
             parts = (clause.shape_constraint or "").split(";")
             clauses |= {f"shape_constraint: {part.strip()}" for part in parts if part.strip()}
@@ -287,9 +312,9 @@ def load(contracts: ContractSet, path: str | Path | None = None, match_contracts
     table with a rule missing)."""
     path = Path(path) if path is not None else _default_directory() / TABLE_FILE
     raw = _load_yaml(path.read_text(encoding="utf-8"), str(path))
-    if not isinstance(raw, dict) or set(raw) != {"checks", "each_axis"} or not all(
+    if not isinstance(raw, dict) or set(raw) != {"checks", "each_axis", "returns"} or not all(
             isinstance(raw[key], list) for key in raw):
-        raise ContractFormatError(f"{path}: expected the keys 'checks' and 'each_axis', each a list of checks")
+        raise ContractFormatError(f"{path}: expected the keys 'checks', 'each_axis' and 'returns', each a list of checks")
     overflow = {op: "op_params.overflow: " + _one(contracts, op, lambda c: c.op_params["overflow"]) for op in OPS}
     if len(set(overflow.values())) != 1:
         raise ContractFormatError(f"{path}: the convolutions state different overflow clauses")
@@ -304,6 +329,8 @@ def load(contracts: ContractSet, path: str | Path | None = None, match_contracts
             builder.add(check, f"{path}: each_axis[{k}]", (axis,))
     for op in OPS:
         builder.outputs(op, _one(contracts, op, lambda c: c.outputs[0].shape_rule))
+    for k, check in enumerate(raw["returns"]):  # after the shape rule: they read out.dim[k]
+        builder.add(check, f"{path}: returns[{k}]", (-1,), returns=True)
     table = Table(builder.steps, str(path))
     for op in OPS if match_contracts else ():
         stated, checked = contract_clauses(contracts, op), table.clauses(op)
@@ -395,8 +422,16 @@ def _holds(requirement) -> bool:
     return True
 
 
+def _provably_not_false(requirement) -> bool:
+    """A `guard: never` rule: false only where the shape environment proves it so, without a guard
+    (otherwise the C++ kernel checks the real sizes on every call)."""
+    if isinstance(requirement, bool):
+        return requirement
+    return not statically_known_true(torch.sym_not(requirement))
+
+
 def _render(segments, tensors: Sequence, lists: Sequence, slots: Sequence) -> str:
-    from .enforce import shape_str
+    from .enforce import dtype_str, shape_str
     parts = []
     for kind, what in segments:
         if kind == "text":
@@ -405,39 +440,56 @@ def _render(segments, tensors: Sequence, lists: Sequence, slots: Sequence) -> st
             parts.append(shape_str(tensors[what].shape))
         elif kind == "list":
             parts.append(shape_str(lists[what]))
+        elif kind == "dtype":
+            parts.append(dtype_str(tensors[0].dtype))
         else:
             value, ok = evaluate(what, slots)
             parts.append(str(value) if ok else "?")
     return "".join(parts)
 
 
+@functools.cache
+def physical_memory() -> int:
+    """The machine's physical memory, as C++ reads it (sysconf's pages times the page size)."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
 def _slots(x, weight, bias, lists: Sequence[Sequence], groups) -> list:
     """The call's values in SLOTS order; list entries past a list's end (refused by its int[2] check
-    before anything reads them) and an absent bias read 0."""
+    before anything reads them) and an absent bias read 0, as do the output dimensions until the
+    shape rule's steps give them."""
     values = list(x.shape) + list(weight.shape) + [bias.shape[0] if bias is not None else 0]
     for values_of in lists:
         values += [values_of[k] if k < len(values_of) else 0 for k in range(2)]
-    return values + [groups] + [len(values_of) for values_of in lists]
+    values += [groups] + [len(values_of) for values_of in lists]
+    return values + [x.dtype.itemsize, physical_memory()] + [0] * len(OUT_DIMS)
 
 
 def check(op: str, kernel: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
           stride: Sequence, padding: Sequence, dilation: Sequence, output_padding: Sequence | None,
-          groups, table: Table | None = None) -> list:
+          groups, table: Table | None = None, allocates: bool = True) -> list:
     """Run the geometry checks of fuel::`op` on one call; returns the output shape. Raises the
-    contract's ContractViolation with the message the C++ kernel gives."""
+    contract's ContractViolation with the message the C++ kernel gives. allocates: the op allocates its
+    output (False for .out, whose `out` is checked instead)."""
     from .enforce import violation
     table = table if table is not None else active()
     lists = (stride, padding, dilation, output_padding if output_padding is not None else ())
     slots = _slots(x, weight, bias, lists, groups)
     shape: list = [None] * 4
     for step in table.steps[op]:
-        if step.needs_bias and bias is None:
+        if (step.needs_bias and bias is None) or (step.needs_allocation and not allocates):
             continue
         value, ok = evaluate(step.program, slots)
-        if not ok or not (_holds(value) if step.kind == "rule" else not beyond_int64(value)):
+        if not ok:
+            passes = False
+        elif step.kind != "rule":
+            passes = not beyond_int64(value)
+        else:
+            passes = _provably_not_false(value) if step.never_guard else _holds(value)
+        if not passes:
             tensors = (x, weight, bias)
             raise violation(op, kernel, step.arg, step.clause, _render(step.seen, tensors, lists, slots),
                             _render(step.fix, tensors, lists, slots))
         if step.out >= 0:
-            shape[step.out] = value
+            shape[step.out] = slots[OUT_SLOT + step.out] = value
     return shape

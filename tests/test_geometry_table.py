@@ -60,6 +60,9 @@ TRIGGERS = [
     (T, (1, 4, 8, 8), (4, 4, 3, 3), None, {"stride": BIG}),
     (T, (1, 4, 2, 2), (4, 4, 2, 2), None, {"stride": [BIG, 1], "dilation": [BIG, 1]}),
     (T, (1, 4, 1, 1), (4, 4, 1, 1), None, {"padding": 1}),
+    # `returns`, the allocation rule: strides beyond int64 (so even with an empty batch).
+    ("conv2d", (1, 1, 1, 1), (1, 1, 1, 1), None, {"padding": 2**40}),
+    (T, (1, 1, 1, 1), (1, 1, 2, 2), None, {"dilation": 2**40}),
 ]
 IDS = [f"{op}-{i}" for i, (op, *_) in enumerate(TRIGGERS)]
 
@@ -235,7 +238,7 @@ def test_expressions_outside_the_language_are_refused(text, problem):
 
 def test_cpp_refuses_a_malformed_program_and_keeps_its_table():
     steps = geometry.installed().for_cpp()
-    for program in ([("var", 22)], [("add", 0)], [("const", 1), ("const", 2)], [("const", 1)] * 17):
+    for program in ([("var", len(geometry.SLOTS))], [("add", 0)], [("const", 1), ("const", 2)], [("const", 1)] * 17):
         broken = {op: [dict(s) for s in ss] for op, ss in steps.items()}
         broken["conv2d"][0]["program"] = tuple(program)
         with pytest.raises(RuntimeError, match="malformed or deeper"):
@@ -271,3 +274,110 @@ def test_a_repeated_geometry_is_checked_again_when_anything_changes():
         assert torch.ops.fuel.conv2d(x[:0], w, None, [1, 1], [0, -1]).shape == (0, 4, 6, 4)
     with pytest.raises(RuntimeError, match="padding"):
         torch.ops.fuel.conv2d(x[:0], w, None, [1, 1], [0, -1])
+
+
+# ---------------------------------------------------------------------------------------------
+# The allocation rule (`returns`): the output the shape rule gives must fit in memory and in int64.
+
+# Outputs beyond this machine's memory (a batch of 1: an empty one would need no memory).
+BEYOND_MEMORY = [
+    ("conv2d", (1, 1, 1, 1), (1, 1, 1, 1), None, {"padding": 2**20}),
+    (T, (1, 2, 1, 1), (2, 1, 2, 2), None, {"dilation": 2**21}),
+]
+
+
+def allocation_clause() -> str:
+    return next(step.clause for step in geometry.installed().steps["conv2d"] if step.needs_allocation)
+
+
+def tightened(draft: Path, limit: str) -> geometry.Table:
+    """The shipped table with the memory half of the allocation rule comparing against `limit`."""
+    path = draft / geometry.TABLE_FILE
+    path.write_text(path.read_text().replace("<= physical_memory", f"<= {limit}"))
+    return geometry.load(load_contracts(draft), path)
+
+
+@pytest.mark.parametrize("trigger", BEYOND_MEMORY, ids=["conv2d", T])
+def test_an_output_beyond_memory_is_refused_alike_on_every_path(trigger):
+    eager = call(trigger)  # refused before anything is allocated
+    assert named_check(trigger[0], eager, geometry.installed()) == allocation_clause(), eager
+    assert re.search(r": \d+ bytes, physical memory \d+ bytes\. Fix: ", eager), eager
+    assert call(trigger, path="api") == eager
+    assert call(trigger, mode=FakeTensorMode()) == eager
+    assert call(trigger, path="api", mode=FakeTensorMode()) == eager
+
+
+def test_without_the_allocation_rule_the_fakes_let_a_huge_output_through():
+    """The fake kernels' allocation check is the table's: removed, a fake call gives the huge output.
+    (C++ is shown to run the table's rule by test_a_tightened_allocation_rule_runs_in_cpp: removed
+    there, this call would allocate terabytes.)"""
+    with installed_table(geometry.installed().without(allocation_clause())):
+        for trigger in BEYOND_MEMORY:
+            assert call(trigger, mode=FakeTensorMode()) is None
+            assert call(trigger, path="api", mode=FakeTensorMode()) is None
+    assert call(BEYOND_MEMORY[0], mode=FakeTensorMode()) is not None
+
+
+def test_a_tightened_allocation_rule_runs_in_cpp(draft):
+    """A limit edited in the table (clause unchanged, so it loads) is what C++ and the fakes refuse with."""
+    table = tightened(draft, "64")
+    x, w = torch.randn(1, 1, 4, 4), torch.randn(1, 1, 1, 1)
+    with installed_table(table):
+        assert torch.ops.fuel.conv2d(x, w).shape == (1, 1, 4, 4)  # 16 floats: 64 bytes
+        for op, weight in (("conv2d", (1, 1, 1, 1)), (T, (1, 1, 1, 1))):
+            trigger = (op, (1, 1, 4, 5), weight, None, {})
+            eager, fake = call(trigger), call(trigger, mode=FakeTensorMode())
+            assert eager == fake and named_check(op, eager, table) == allocation_clause(), eager
+            assert "saw out shape [1, 1, 4, 5] of torch.float32: 80 bytes, physical memory" in eager
+        # .out overloads check their `out` instead: the rule does not apply to them.
+        out = torch.empty(1, 1, 4, 5)
+        assert torch.ops.fuel.conv2d.out(torch.randn(1, 1, 4, 5), w, out=out) is out
+
+
+def test_a_repeated_geometry_is_checked_again_with_another_dtype(draft):
+    """C++ skips the programs for a repeated geometry; the element size is part of what must repeat."""
+    with installed_table(tightened(draft, "64")):
+        x, w = torch.randn(1, 1, 4, 4), torch.randn(1, 1, 1, 1)
+        for _ in range(2):
+            assert torch.ops.fuel.conv2d(x, w).shape == (1, 1, 4, 4)
+        with pytest.raises(RuntimeError, match=r"of torch.float64: 128 bytes, physical memory"):
+            torch.ops.fuel.conv2d(x.double(), w.double())
+        assert torch.ops.fuel.conv2d(x.half(), w.half()).shape == (1, 1, 4, 4)
+
+
+def test_the_allocation_clause_is_the_contracts(draft):
+    contracts = fuel_torch.installed()
+    for op in geometry.OPS:
+        stated = {f"return.allocation: {c.outputs[0].allocation}" for c in contracts.for_op(op)}
+        assert stated == {step.clause for step in geometry.installed().steps[op] if step.needs_allocation}
+    path = draft / geometry.TABLE_FILE
+    path.write_text(path.read_text().replace("<= physical memory;", "<= all memory;"))
+    with pytest.raises(ContractFormatError, match=r"the contracts state clauses no check enforces: "
+                                                  r"\['return.allocation: out.numel \* dtype_bytes <= physical"):
+        geometry.load(load_contracts(draft), path)
+
+
+def test_only_returns_may_read_the_output():
+    with pytest.raises(ContractFormatError, match=re.escape("unknown name `out.dim[0]`")):
+        geometry.compile_expression("out.dim[0] >= 0", -1, "test", "bool")
+    steps = geometry.installed().for_cpp()
+    early = {op: [dict(s) for s in ss] for op, ss in steps.items()}
+    early["conv2d"][0]["program"] = (("var", geometry.OUT_SLOT), ("const", 0), ("ge", 0))
+    with pytest.raises(RuntimeError, match="reads an output dimension before the steps that give it"):
+        _C.install_geometry(early)
+
+
+def test_the_allocation_rule_adds_no_guard_on_a_symbolic_batch():
+    """On a symbolic batch the rule is not provably broken: the fake gives the output, with no guard
+    bounding the batch (the C++ kernel checks the real sizes)."""
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+    env = ShapeEnv()
+    mode = FakeTensorMode(shape_env=env)
+    context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] + [DimDynamic.STATIC] * 3)
+    x = mode.from_tensor(torch.randn(5, 32, 8, 8), symbolic_context=context)
+    w = mode.from_tensor(torch.randn(32, 32, 3, 3))
+    batch = x.shape[0].node.expr
+    with mode:
+        out = torch.ops.fuel.conv2d(x, w, None, [1, 1], [1, 1], [1, 1], 1)
+    assert out.shape[0].node.expr == batch
+    assert not [g for g in env.guards if batch in g.expr.free_symbols], env.guards

@@ -1,6 +1,5 @@
 #include "geometry.h"
 
-#include <c10/util/safe_numerics.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,8 +11,6 @@
 
 namespace fuel {
 
-constexpr const char* kAllocationClause =
-    "return.allocation: out.numel * dtype_bytes <= physical memory; strides and byte size within int64";
 constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
 constexpr int64_t kInt64Min = std::numeric_limits<int64_t>::min();
 constexpr int kMaxDepth = 16;  // fuel_torch/geometry.py's MAX_DEPTH: the compiler refuses deeper programs
@@ -30,12 +27,20 @@ std::vector<std::unique_ptr<Steps>> all_tables;
 std::atomic<const Steps*> current_table{nullptr};
 
 // The values of one call in the slots' order (fuel_torch/geometry.py: _slots); entries past a
-// list's end and an absent bias read 0 (a list's int[2] check refuses it before anything else runs).
+// list's end and an absent bias read 0 (a list's int[2] check refuses it before anything else runs),
+// as do the output dimensions until the output steps give them.
 struct Call {
   const at::Tensor* tensors[3];
   at::IntArrayRef lists[4];
   int64_t slots[kGeometrySlots];
 };
+
+// sysconf's physical pages times the page size, read once: the machine's memory does not change.
+int64_t physical_memory() {
+  static const int64_t bytes =
+      static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+  return bytes;
+}
 
 Call call_of(const at::Tensor& x, const at::Tensor& weight, const at::Tensor* bias, at::IntArrayRef stride,
              at::IntArrayRef padding, at::IntArrayRef dilation, std::optional<at::IntArrayRef> output_padding,
@@ -50,6 +55,9 @@ Call call_of(const at::Tensor& x, const at::Tensor& weight, const at::Tensor* bi
   }
   *slot++ = groups;
   for (const at::IntArrayRef list : call.lists) *slot++ = static_cast<int64_t>(list.size());
+  *slot++ = static_cast<int64_t>(c10::elementSize(x.scalar_type()));
+  *slot++ = physical_memory();
+  for (int k = 0; k < 4; ++k) *slot++ = 0;
   return call;
 }
 
@@ -142,6 +150,7 @@ std::string render(const Template& parts, const Call& call) {
       case Segment::Text: text += part.text; break;
       case Segment::Shape: text += shape_str(call.tensors[part.index]->sizes()); break;
       case Segment::List: text += shape_str(call.lists[part.index]); break;
+      case Segment::Dtype: text += dtype_str(call.tensors[0]->scalar_type()); break;
       case Segment::Value: text += evaluate(part.program, call.slots, value) ? int128_str(value) : "?"; break;
     }
   }
@@ -163,10 +172,16 @@ int depth_of(const Program& program) {
   return top == 1 ? deepest : -1;
 }
 
-void check_program(const Program& program, const std::string& op) {
+// `given`: whether the steps before this one gave all four output dimensions (a program that reads
+// them earlier would read zeros).
+void check_program(const Program& program, const std::string& op, bool given) {
   const int depth = depth_of(program);
   TORCH_CHECK(depth >= 1 && depth <= kMaxDepth, "fuel_torch: a geometry program of fuel::", op,
               " is malformed or deeper than ", kMaxDepth);
+  for (const Instr& in : program) {
+    TORCH_CHECK(given || in.op != Opcode::Var || in.operand < kOutSlot, "fuel_torch: a geometry program of fuel::",
+                op, " reads an output dimension before the steps that give it");
+  }
 }
 
 }  // namespace
@@ -187,18 +202,20 @@ void install_geometry(std::map<std::string, std::vector<GeometryStep>> steps) {
   for (const auto& [op, list] : steps) {
     bool gives[4] = {false, false, false, false};
     for (const GeometryStep& step : list) {
-      check_program(step.program, op);
+      const bool given = gives[0] && gives[1] && gives[2] && gives[3];
+      check_program(step.program, op, given);
       for (const Template* parts : {&step.seen, &step.fix}) {
         for (const Segment& part : *parts) {
-          if (part.kind == Segment::Value) check_program(part.program, op);
-          TORCH_CHECK(part.kind == Segment::Text || part.kind == Segment::Value ||
+          if (part.kind == Segment::Value) check_program(part.program, op, given);
+          TORCH_CHECK(part.kind == Segment::Text || part.kind == Segment::Value || part.kind == Segment::Dtype ||
                           (part.index >= 0 && part.index < (part.kind == Segment::Shape ? 3 : 4)),
                       "fuel_torch: a geometry message of fuel::", op, " names no argument");
         }
       }
       TORCH_CHECK(step.out < 4, "fuel_torch: fuel::", op, " has no output dimension ", step.out);
       if (step.out >= 0) gives[step.out] = true;
-      TORCH_CHECK(!step.needs_bias || step.out < 0, "fuel_torch: an output dimension cannot need a bias");
+      TORCH_CHECK((!step.needs_bias && !step.needs_allocation) || step.out < 0,
+                  "fuel_torch: an output dimension cannot need a bias or an allocation");
     }
     TORCH_CHECK(gives[0] && gives[1] && gives[2] && gives[3], "fuel_torch: the geometry of fuel::", op,
                 " does not give all four output dimensions");
@@ -211,36 +228,38 @@ void install_geometry(std::map<std::string, std::vector<GeometryStep>> steps) {
 namespace {
 
 // The last call that passed on this thread: the checks read nothing but the slots, so a call with the
-// same op, table, bias presence and slots passes them again with the same outputs (a training loop
+// same op, table, bias presence, allocation and input slots (dtype_bytes among them: the allocation
+// rule depends on the element size) passes them again with the same outputs (a training loop
 // repeats one geometry: its calls skip the programs).
 struct Passed {
   const std::vector<GeometryStep>* steps = nullptr;
-  bool bias = false;
-  int64_t slots[kGeometrySlots] = {};
+  bool bias = false, allocates = false;
+  int64_t slots[kInputSlots] = {};
   int64_t out[4] = {};
 };
 thread_local Passed last_passed;
 
-// Runs the steps in order (messages built only on failure); the output dimensions into `out`.
-void run_steps(const Checker& c, const std::vector<GeometryStep>& steps, const Call& call, int64_t* out) {
+// Runs the steps in order (messages built only on failure); the output dimensions into `out` and
+// into their slots, where the steps after them read them.
+void run_steps(const Checker& c, const std::vector<GeometryStep>& steps, Call& call, bool allocates, int64_t* out) {
   const bool bias = call.tensors[2] != nullptr;
   Passed& last = last_passed;
-  if (last.steps == &steps && last.bias == bias &&
-      std::equal(call.slots, call.slots + kGeometrySlots, last.slots)) {
+  if (last.steps == &steps && last.bias == bias && last.allocates == allocates &&
+      std::equal(call.slots, call.slots + kInputSlots, last.slots)) {
     std::copy(last.out, last.out + 4, out);
     return;
   }
   for (const GeometryStep& step : steps) {
-    if (step.needs_bias && !bias) continue;
+    if ((step.needs_bias && !bias) || (step.needs_allocation && !allocates)) continue;
     Int128 value = 0;
     const bool ok = evaluate(step.program, call.slots, value);
     if (!ok || (step.kind == GeometryStep::Rule ? value == 0 : (value > kInt64Max || value < kInt64Min))) {
       c.fail(step.arg, step.clause, render(step.seen, call), render(step.fix, call));
     }
-    if (step.out >= 0) out[step.out] = static_cast<int64_t>(value);
+    if (step.out >= 0) out[step.out] = call.slots[kOutSlot + step.out] = static_cast<int64_t>(value);
   }
-  last.steps = &steps, last.bias = bias;
-  std::copy(call.slots, call.slots + kGeometrySlots, last.slots);
+  last.steps = &steps, last.bias = bias, last.allocates = allocates;
+  std::copy(call.slots, call.slots + kInputSlots, last.slots);
   std::copy(out, out + 4, last.out);
 }
 
@@ -249,14 +268,14 @@ void run_steps(const Checker& c, const std::vector<GeometryStep>& steps, const C
 // Runs the installed checks of `op`, then fills the Problem the kernels consume.
 Problem validate(const Checker& c, const at::Tensor& x, const at::Tensor& weight, const at::Tensor* bias,
                  at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
-                 std::optional<at::IntArrayRef> output_padding, int64_t groups) {
+                 std::optional<at::IntArrayRef> output_padding, int64_t groups, bool allocates) {
   const Steps* table = current_table.load(std::memory_order_acquire);
   TORCH_CHECK(table, "fuel::", c.op, ": no geometry table is installed (import fuel_torch installs it)");
   const auto steps = table->find(c.op);
   TORCH_CHECK(steps != table->end(), "fuel::", c.op, ": the geometry table has no checks for this op");
-  const Call call = call_of(x, weight, bias, stride, padding, dilation, output_padding, groups);
+  Call call = call_of(x, weight, bias, stride, padding, dilation, output_padding, groups);
   int64_t out[4] = {0, 0, 0, 0};
-  run_steps(c, steps->second, call, out);
+  run_steps(c, steps->second, call, allocates, out);
   Problem p;
   p.transpose = output_padding.has_value();
   p.N = x.size(0), p.Cin = x.size(1), p.H = x.size(2), p.W = x.size(3);
@@ -268,30 +287,6 @@ Problem validate(const Checker& c, const at::Tensor& x, const at::Tensor& weight
     p.output_padding[i] = p.transpose ? call.slots[kOutputPaddingSlot + i] : 0;
   }
   return p;
-}
-
-// Refuses an output this machine cannot hold, before anything is allocated. The extents are
-// multiplied with empty dimensions counted as 1, as a contiguous tensor's strides are: an empty
-// batch still needs the strides of its other dimensions to fit in int64.
-void check_allocation(const Checker& c, const Problem& p, c10::ScalarType dtype) {
-  const std::vector<int64_t> shape = {p.N, p.Cout, p.Ho, p.Wo};
-  const int64_t element = static_cast<int64_t>(c10::elementSize(dtype));
-  int64_t extent = element, bytes = element;
-  bool overflow = false;
-  for (int64_t size : shape) {
-    overflow |= c10::mul_overflows(extent, std::max<int64_t>(size, 1), &extent);
-    bytes = overflow ? 0 : bytes * size;
-  }
-  const int64_t physical = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
-  const std::string what = "out shape " + shape_str(shape) + " of " + dtype_str(dtype) + ": ";
-  if (overflow) {
-    c.fail("out", kAllocationClause, what + "strides or byte size beyond int64", "use smaller sizes, or split the batch");
-  }
-  if (bytes > physical) {
-    c.fail("out", kAllocationClause,
-           what + std::to_string(bytes) + " bytes, physical memory " + std::to_string(physical) + " bytes",
-           "use smaller sizes, or split the batch");
-  }
 }
 
 }  // namespace fuel

@@ -35,14 +35,16 @@ struct Instr {
 };
 using Program = std::vector<Instr>;
 // The slots: x.dim[0..3], weight.dim[0..3], bias.dim[0]; stride, padding, dilation, output_padding,
-// two each; groups; the four lists' lengths.
-constexpr int kGeometrySlots = 22;
+// two each; groups; the four lists' lengths; dtype_bytes, physical_memory: the call's inputs. Then
+// out.dim[0..3], which the output steps fill as they run (only the table's `returns` read them).
+constexpr int kInputSlots = 24, kGeometrySlots = 28;
 constexpr int kStrideSlot = 9, kPaddingSlot = 11, kDilationSlot = 13, kOutputPaddingSlot = 15;
+constexpr int kDtypeBytesSlot = 22, kPhysicalMemorySlot = 23, kOutSlot = 24;
 
 // A message part: text, a tensor's shape (x, weight, bias), a list argument (stride, padding,
-// dilation, output_padding) or a program's value.
+// dilation, output_padding), x's dtype or a program's value.
 struct Segment {
-  enum Kind : uint8_t { Text, Shape, List, Value } kind = Text;
+  enum Kind : uint8_t { Text, Shape, List, Value, Dtype } kind = Text;
   std::string text;
   int64_t index = 0;
   Program program;
@@ -51,27 +53,29 @@ using Template = std::vector<Segment>;
 
 // One check at one axis: a rule fails where its program is false, a term where its value leaves
 // int64; an output term also gives output dimension `out`. Any step fails where its evaluation
-// would leave 128 bits or divide by zero.
+// would leave 128 bits or divide by zero. needs_allocation: only when the op allocates its output
+// (the table's allocation rule; a .out call's `out` is checked instead).
 struct GeometryStep {
   enum Kind : uint8_t { Rule, Fits, Out } kind = Rule;
   std::string arg, clause;
   Program program;
   Template seen, fix;
   bool needs_bias = false;
+  bool needs_allocation = false;
   int out = -1;
 };
 
 // Per op (conv2d, conv_transpose2d), the steps in order. Checked when installed: every program is
-// well formed (slots in range, stack within bounds), every op gives all four output dimensions.
+// well formed (slots in range, stack within bounds), every op gives all four output dimensions
+// before any step reads them.
 void install_geometry(std::map<std::string, std::vector<GeometryStep>> steps);
 Opcode opcode_named(const std::string& name);
 
 // The output shape and the geometry the kernels need; output_padding is set for conv_transpose2d.
+// allocates: the op allocates its output, so the table's allocation rule applies (before anything
+// is allocated); false for the .out overloads.
 Problem validate(const Checker& c, const at::Tensor& x, const at::Tensor& weight, const at::Tensor* bias,
                  at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
-                 std::optional<at::IntArrayRef> output_padding, int64_t groups);
-
-// Refuses an output this machine cannot hold, before anything is allocated.
-void check_allocation(const Checker& c, const Problem& p, c10::ScalarType dtype);
+                 std::optional<at::IntArrayRef> output_padding, int64_t groups, bool allocates);
 
 }  // namespace fuel

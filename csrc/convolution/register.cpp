@@ -53,13 +53,13 @@ at::Tensor& run(const std::string& op, const at::Tensor& x, const at::Tensor& we
   const at::Tensor* b = bias.has_value() && bias->defined() ? &*bias : nullptr;
   const KernelRule& rule = check_inputs(op, {&x, &weight, b});
   const Checker checker{op, rule};
-  const Problem p = validate(checker, x, weight, b, stride, padding, dilation, output_padding, groups);
+  // Without out=, the geometry includes the allocation rule, so nothing is allocated before it passes.
+  const Problem p = validate(checker, x, weight, b, stride, padding, dilation, output_padding, groups, !out_arg);
   const std::vector<int64_t> shape = {p.N, p.Cout, p.Ho, p.Wo};
   if (out_arg) {
     check_out(rule, *out_arg, x.scalar_type(), shape, {&x, &weight, b});
     result = *out_arg;
   } else {
-    check_allocation(checker, p, x.scalar_type());
     result = at::empty(shape, x.options().memory_format(output_format(x, weight)));
   }
   if (result.numel() == 0) return result;
