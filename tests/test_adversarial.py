@@ -386,6 +386,20 @@ def test_contract_files_with_missing_or_wrong_clauses_are_refused_at_load():
         assert "elementwise.fkc.md" in o["message"] and "add_f32" in o["message"], (names[o["index"]], o)
 
 
+def _report_cases(cases: list, start: int) -> None:
+    """Child side: run cases[start:], one JSON line per outcome (what it raised, or that it returned)."""
+    for index in range(start, len(cases)):
+        print(json.dumps({"index": index, "started": True}), flush=True)
+        record = {"index": index}
+        try:
+            cases[index]()
+        except BaseException as error:  # noqa: BLE001 - the parent judges every outcome
+            record.update(raised=type(error).__name__, message=str(error)[:600])
+        else:
+            record.update(returned="Tensor")
+        print(json.dumps(record), flush=True)
+
+
 def _permissive_rules(start: int) -> None:
     """Child side: rules that claim every layout is accepted, installed into the kernels directly."""
     import fuel_torch
@@ -403,16 +417,7 @@ def _permissive_rules(start: int) -> None:
              lambda: torch.ops.fuel.add.out(a, a.clone(), out=torch.empty(14)[::2]),
              lambda: torch.ops.fuel.conv2d(_t(1, 2, 5, 5).transpose(2, 3), _t(2, 2, 3, 3)),
              lambda: torch.ops.fuel.conv2d(_t(1, 1, 1, 1).expand(1, 2, 500, 500), _t(2, 2, 3, 3))]
-    for index in range(start, len(cases)):
-        print(json.dumps({"index": index, "started": True}), flush=True)
-        record = {"index": index}
-        try:
-            cases[index]()
-        except BaseException as error:  # noqa: BLE001
-            record.update(raised=type(error).__name__, message=str(error)[:600])
-        else:
-            record.update(returned="Tensor")
-        print(json.dumps(record), flush=True)
+    _report_cases(cases, start)
 
 
 def test_a_permissive_rule_table_still_cannot_make_a_kernel_read_out_of_bounds():
@@ -437,16 +442,7 @@ def _rules_without_same_as(start: int) -> None:
     cases = [lambda: torch.ops.fuel.add(torch.ones(4_000_000), torch.ones(1)),
              lambda: torch.ops.fuel.rem(torch.ones(1), torch.ones(4_000_000)),
              lambda: torch.ops.fuel.mul.out(torch.ones(4_000_000), torch.ones(4_000_000), out=torch.empty(1))]
-    for index in range(start, len(cases)):
-        print(json.dumps({"index": index, "started": True}), flush=True)
-        record = {"index": index}
-        try:
-            cases[index]()
-        except BaseException as error:  # noqa: BLE001
-            record.update(raised=type(error).__name__, message=str(error)[:600])
-        else:
-            record.update(returned="Tensor")
-        print(json.dumps(record), flush=True)
+    _report_cases(cases, start)
 
 
 def test_rules_without_same_as_give_an_error_never_a_crash():
