@@ -50,11 +50,11 @@ struct Div {
   template <typename V> static V apply(const V& a, const V& b) { return a / b; }
 };
 // ---------------------------------------------------------------------------------------------
-// pow. float (and the halves, which widen to float) is ours: exp2(y * log2|x|) evaluated in double,
-// within 2e-8 relative of the exact power before its one rounding to float (a float ulp is at
-// least 6e-8 relative), so the result is within 1 ulp of the correctly rounded one; the special cases are set
-// exactly as C99 defines them. double: pow_double.h's table-driven core (within 0.51 ulp), the
-// same special cases.
+// pow, ours in every dtype, the special cases set exactly as C99 defines them. float: exp2(y *
+// log2|x|) evaluated in double, within 2e-8 relative of the exact power before its one rounding to
+// float (a float ulp is at least 6e-8 relative), so within 1 ulp of the correctly rounded result.
+// The halves (widened to float): the same evaluated in float, ample for their one rounding (see
+// exp2_of_product_in_float). double: pow_double.h's table-driven core (within 0.51 ulp).
 
 // Lane reinterpretation and float <-> double conversion, which Vectorized has no cheap portable
 // form of; each level spells them with its own instructions.
