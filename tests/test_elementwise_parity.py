@@ -156,6 +156,29 @@ def test_selection_ties_and_nan_payloads_follow_the_definition(op, dtype):
     assert bit_equal(ours[rhs_nan & ~lhs_nan], rhs[rhs_nan & ~lhs_nan])
 
 
+QUIET_BIT = {torch.float32: 1 << 22, torch.float64: 1 << 51, torch.float16: 1 << 9}
+
+
+@pytest.mark.parametrize("op", ("add", "sub", "mul", "div"))
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d in QUIET_BIT], ids=str)
+def test_arithmetic_nan_payloads_follow_the_lhs(op, dtype):
+    """A NaN lhs comes back with its own payload, quieted, whatever rhs is; a lone NaN rhs with its.
+    add and mul are commutative, so this pins the operand order of the instruction they issue.
+    float16's payload survives its float detour only through the F16C conversions (the DEFAULT
+    level converts in software, which returns one canonical NaN); bfloat16's narrowing turns
+    every NaN into one pattern, so neither has a payload to pin there."""
+    if dtype == torch.float16 and fuel_torch.cpu_capability() == "DEFAULT":
+        pytest.skip("float16 NaN payloads exist only where the CPU converts halves (F16C)")
+    lhs, rhs = cross(dtype)
+    ours = fuel(op, lhs, rhs)
+    lhs_nan, rhs_nan = torch.isnan(lhs), torch.isnan(rhs)
+    quiet = QUIET_BIT[dtype]
+    assert torch.equal(bits(ours[lhs_nan]), bits(lhs[lhs_nan]) | quiet)
+    lone = rhs_nan & ~lhs_nan
+    assert lone.any() and (lhs_nan & rhs_nan).any()
+    assert torch.equal(bits(ours[lone]), bits(rhs[lone]) | quiet)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("op", OPS)
 def test_position_invariance(op, dtype):

@@ -29,22 +29,53 @@ namespace {
 
 using at::vec::Vectorized;
 
-// With two NaN operands x86 returns the first source operand's payload, and the compiler may
-// commute a commutative operation differently in each inlined copy of the loop (the OpenMP-outlined
-// one included), so the payload would depend on the thread count. A NaN lhs therefore decides the
-// result itself: lhs quieted (a op a of a NaN is that NaN, quiet).
-template <typename V>
-V lhs_nan_wins(const V& result, const V& a, const V& a_op_a) {
-  return V::blendv(result, a_op_a, a != a);
-}
+// With two NaN operands x86 returns the first source operand's payload, quieted (Intel's and AMD's
+// manuals agree, and tests/test_elementwise_parity.py pins it). The compiler does not model
+// payloads, so it may commute a + b or a * b, differently in each inlined copy of the loop (the
+// OpenMP-outlined one included), and the payload would depend on the thread count. The AVX levels
+// therefore issue the instruction themselves, lhs as the first source: one instruction, where a
+// NaN-lhs blend costs three more (a quarter of an add's time in cache). sub and div are not
+// commutative, so the compiler keeps their order. The DEFAULT level's Vectorized is lane loops,
+// so there a NaN lhs decides the result itself (a op a of a NaN is that NaN, quiet).
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+#if defined(CPU_CAPABILITY_AVX512)
+using FloatRegister = __m512;
+using DoubleRegister = __m512d;
+#define FUEL_VECTOR_REGISTER "v"
+#else
+using FloatRegister = __m256;
+using DoubleRegister = __m256d;
+#define FUEL_VECTOR_REGISTER "x"
+#endif
+#define FUEL_LHS_FIRST(name, instruction)                                                             \
+  inline Vectorized<float> name(const Vectorized<float>& a, const Vectorized<float>& b) {             \
+    FloatRegister r;                                                                                    \
+    asm(instruction "ps %2, %1, %0" : "=" FUEL_VECTOR_REGISTER(r)                                       \
+        : FUEL_VECTOR_REGISTER(FloatRegister(a)), FUEL_VECTOR_REGISTER(FloatRegister(b)));              \
+    return r;                                                                                           \
+  }                                                                                                     \
+  inline Vectorized<double> name(const Vectorized<double>& a, const Vectorized<double>& b) {          \
+    DoubleRegister r;                                                                                   \
+    asm(instruction "pd %2, %1, %0" : "=" FUEL_VECTOR_REGISTER(r)                                       \
+        : FUEL_VECTOR_REGISTER(DoubleRegister(a)), FUEL_VECTOR_REGISTER(DoubleRegister(b)));            \
+    return r;                                                                                           \
+  }
+FUEL_LHS_FIRST(add_lhs_first, "vadd")
+FUEL_LHS_FIRST(mul_lhs_first, "vmul")
+#undef FUEL_LHS_FIRST
+#undef FUEL_VECTOR_REGISTER
+#else
+template <typename V> V add_lhs_first(const V& a, const V& b) { return V::blendv(a + b, a + a, a != a); }
+template <typename V> V mul_lhs_first(const V& a, const V& b) { return V::blendv(a * b, a * a, a != a); }
+#endif
 struct Add {
-  template <typename V> static V apply(const V& a, const V& b) { return lhs_nan_wins(a + b, a, a + a); }
+  template <typename V> static V apply(const V& a, const V& b) { return add_lhs_first(a, b); }
 };
 struct Sub {
   template <typename V> static V apply(const V& a, const V& b) { return a - b; }
 };
 struct Mul {
-  template <typename V> static V apply(const V& a, const V& b) { return lhs_nan_wins(a * b, a, a * a); }
+  template <typename V> static V apply(const V& a, const V& b) { return mul_lhs_first(a, b); }
 };
 struct Div {
   template <typename V> static V apply(const V& a, const V& b) { return a / b; }
@@ -314,12 +345,14 @@ struct Rem {
 
 // Maximum and minimum return one operand bit for bit: lhs if it is NaN, else rhs if it is NaN,
 // else the larger (smaller) one, lhs on ties (+0 vs -0 included). take_rhs is that choice as a
-// lane mask, applied to the stored operands.
+// lane mask, applied to the stored operands: rhs exactly where lhs is a number and rhs is not
+// <= lhs (>= for minimum). Every lane where b <= a holds has a == a, so the exclusive or of the
+// two masks is that difference, in two comparisons and one logical operation.
 struct Maximum {
-  template <typename V> static V take_rhs(const V& a, const V& b) { return ((b != b) & (a == a)) | (b > a); }
+  template <typename V> static V take_rhs(const V& a, const V& b) { return (a == a) ^ (b <= a); }
 };
 struct Minimum {
-  template <typename V> static V take_rhs(const V& a, const V& b) { return ((b != b) & (a == a)) | (b < a); }
+  template <typename V> static V take_rhs(const V& a, const V& b) { return (a == a) ^ (b >= a); }
 };
 
 template <typename Op, typename = void> struct is_selection : std::false_type {};
@@ -343,17 +376,84 @@ Vectorized<float> apply_to_half_lanes(const Vectorized<float>& a, const Vectoriz
 template <typename scalar_t>
 constexpr bool is_half = std::is_same_v<scalar_t, at::BFloat16> || std::is_same_v<scalar_t, at::Half>;
 
-// Two float lane masks (all ones or zeros per lane) as one mask of 16-bit lanes, in lane order.
+// Half lanes widened to float and narrowed back, as a pair. at::vec's conversions keep the lane
+// order, which costs bf16 a cross-block shuffle each way; an elementwise op does not care about the
+// order, so on the AVX levels bf16 interleaves each 128-bit block with zeros (a bf16 is the top
+// half of its float) and packs back within blocks, which restores the order (at 64K elements in
+// cache: 13 -> 8 us). The rounding is at::vec's, bit for bit: to nearest even, every NaN 0xffff.
+// float16 converts by instruction (F16C), in order, on every level but DEFAULT.
+#if defined(CPU_CAPABILITY_AVX512)
+inline std::pair<Vectorized<float>, Vectorized<float>> widen(const Vectorized<at::BFloat16>& v) {
+  const __m512i zero = _mm512_setzero_si512();
+  return {_mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, v)), _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, v))};
+}
+inline __m512i bf16_bits_in_low_half(const __m512& f) {
+  const __m512i bits = _mm512_castps_si512(f);
+  const __m512i bias = _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1)),
+                                        _mm512_set1_epi32(0x7fff));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, bias), 16);
+  return _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(f, f, _CMP_ORD_Q), _mm512_set1_epi32(0xffff), rounded);
+}
+inline Vectorized<at::BFloat16> narrow_bf16(const Vectorized<float>& lo, const Vectorized<float>& hi) {
+  return _mm512_packus_epi32(bf16_bits_in_low_half(lo), bf16_bits_in_low_half(hi));
+}
+constexpr bool kBf16WidensInBlocks = true;
+#elif defined(CPU_CAPABILITY_AVX2)
+inline std::pair<Vectorized<float>, Vectorized<float>> widen(const Vectorized<at::BFloat16>& v) {
+  const __m256i zero = _mm256_setzero_si256();
+  return {_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, v)), _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, v))};
+}
+inline __m256i bf16_bits_in_low_half(const __m256& f) {
+  const __m256i bits = _mm256_castps_si256(f);
+  const __m256i bias = _mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1)),
+                                        _mm256_set1_epi32(0x7fff));
+  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, bias), 16);
+  return _mm256_blendv_epi8(_mm256_set1_epi32(0xffff), rounded, _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_ORD_Q)));
+}
+inline Vectorized<at::BFloat16> narrow_bf16(const Vectorized<float>& lo, const Vectorized<float>& hi) {
+  return _mm256_packus_epi32(bf16_bits_in_low_half(lo), bf16_bits_in_low_half(hi));
+}
+constexpr bool kBf16WidensInBlocks = true;
+#else
+inline std::pair<Vectorized<float>, Vectorized<float>> widen(const Vectorized<at::BFloat16>& v) {
+  auto [lo, hi] = at::vec::convert_to_float<at::BFloat16>(v);
+  return {lo, hi};
+}
+inline Vectorized<at::BFloat16> narrow_bf16(const Vectorized<float>& lo, const Vectorized<float>& hi) {
+  return at::vec::convert_from_float<at::BFloat16>(lo, hi);
+}
+constexpr bool kBf16WidensInBlocks = false;
+#endif
+inline std::pair<Vectorized<float>, Vectorized<float>> widen(const Vectorized<at::Half>& v) {
+  auto [lo, hi] = at::vec::convert_to_float<at::Half>(v);
+  return {lo, hi};
+}
+template <typename scalar_t>
+inline Vectorized<scalar_t> narrow(const Vectorized<float>& lo, const Vectorized<float>& hi) {
+  if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
+    return narrow_bf16(lo, hi);
+  } else {
+    return at::vec::convert_from_float<scalar_t>(lo, hi);
+  }
+}
+
+// Two float lane masks (all ones or zeros per lane) as one mask of 16-bit lanes, in the order
+// widen() took the lanes out.
 template <typename scalar_t>
 inline Vectorized<scalar_t> narrow_mask(const Vectorized<float>& lo, const Vectorized<float>& hi) {
+  constexpr bool in_blocks = std::is_same_v<scalar_t, at::BFloat16> && kBf16WidensInBlocks;
 #if defined(CPU_CAPABILITY_AVX512)
-  // packs works within 128-bit blocks: lo's and hi's blocks alternate, put back in order.
+  // packs works within 128-bit blocks: for lanes taken out in order, lo's and hi's blocks
+  // alternate and are put back in order.
   const __m512i packed = _mm512_packs_epi32(_mm512_castps_si512(lo), _mm512_castps_si512(hi));
+  if constexpr (in_blocks) return packed;
   return _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), packed);
 #elif defined(CPU_CAPABILITY_AVX2)
   const __m256i packed = _mm256_packs_epi32(_mm256_castps_si256(lo), _mm256_castps_si256(hi));
+  if constexpr (in_blocks) return packed;
   return _mm256_permute4x64_epi64(packed, 0xd8);
 #else
+  static_assert(!in_blocks);
   constexpr int F = Vectorized<float>::size();
   __at_align__ float lanes[2 * F];
   __at_align__ int16_t mask[2 * F];
@@ -378,26 +478,27 @@ inline Vectorized<scalar_t> compute(const Vectorized<scalar_t>& a, const Vectori
     // compared widened once (Vectorized's own half comparisons widen both operands per comparison
     // and narrow each mask back), the float lane masks narrowed to the 16-bit lanes.
     if constexpr (is_half<scalar_t>) {
-      auto [a_lo, a_hi] = at::vec::convert_to_float<scalar_t>(a);
-      auto [b_lo, b_hi] = at::vec::convert_to_float<scalar_t>(b);
+      auto [a_lo, a_hi] = widen(a);
+      auto [b_lo, b_hi] = widen(b);
       return Vec::blendv(a, b, narrow_mask<scalar_t>(Op::take_rhs(a_lo, b_lo), Op::take_rhs(a_hi, b_hi)));
     } else {
       return Vec::blendv(a, b, Op::take_rhs(a, b));
     }
   } else if constexpr (is_half<scalar_t>) {
-    auto [a_lo, a_hi] = at::vec::convert_to_float<scalar_t>(a);
-    auto [b_lo, b_hi] = at::vec::convert_to_float<scalar_t>(b);
-    return at::vec::convert_from_float<scalar_t>(apply_to_half_lanes<Op>(a_lo, b_lo), apply_to_half_lanes<Op>(a_hi, b_hi));
+    auto [a_lo, a_hi] = widen(a);
+    auto [b_lo, b_hi] = widen(b);
+    return narrow<scalar_t>(apply_to_half_lanes<Op>(a_lo, b_lo), apply_to_half_lanes<Op>(a_hi, b_hi));
   } else {
     return Op::apply(a, b);
   }
 }
 
 // Non-temporal stores write around the caches. Once a call's working set (lhs, rhs and out) is
-// larger than the last-level cache, its output lines are evicted before anyone reads them anyway:
-// streaming saves the read for ownership of every output line and keeps the operands cached
-// (measured at 4M elements: f32 0.98 -> 0.87, f64 1.00 -> 0.90 of torch's time). Smaller working
-// sets are better left in cache for whoever reads the output next.
+// more than half the last-level cache, its output lines are mostly evicted before anyone reads
+// them anyway (the cache is shared with the other cores, and their own data): streaming saves the
+// read for ownership of every output line and keeps the operands cached (measured at 4M elements:
+// f32 0.98 -> 0.87, f64 1.00 -> 0.90 of torch's time; halves, 24 MB against a 32 MB cache, about
+// 0.8). Smaller working sets are better left in cache for whoever reads the output next.
 #if defined(CPU_CAPABILITY_AVX512)
 inline void stream(void* p, __m512 v) { _mm512_stream_ps(static_cast<float*>(p), v); }
 inline void stream(void* p, __m512d v) { _mm512_stream_pd(static_cast<double*>(p), v); }
@@ -471,7 +572,7 @@ void binary_kernel(const void* lhs_data, const void* rhs_data, void* out_data, i
   auto* out = static_cast<scalar_t*>(out_data);
   constexpr int64_t V = Vectorized<scalar_t>::size();
   constexpr int64_t grain = std::max<int64_t>(V, kGrainElements / work_per_element<Op>::value / V * V);
-  const bool streaming = kCanStream && 3 * n * static_cast<int64_t>(sizeof(scalar_t)) > last_level_cache_bytes() &&
+  const bool streaming = kCanStream && 3 * n * static_cast<int64_t>(sizeof(scalar_t)) > last_level_cache_bytes() / 2 &&
                          reinterpret_cast<uintptr_t>(out) % sizeof(Vectorized<scalar_t>) == 0;
   const auto range = streaming ? run_range<scalar_t, Op, true> : run_range<scalar_t, Op, false>;
   if (n <= grain) {
