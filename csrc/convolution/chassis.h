@@ -123,9 +123,10 @@ void convolve_chassis(const Problem& p, const ChassisPlan& plan, const scalar_t*
   constexpr int64_t block_width = kVectorBlock * Vectorized<acc_t>::size();
 
   at::parallel_for(0, tasks, grain, [&](int64_t first_task, int64_t last_task) {
-    std::vector<acc_t> col(plan.chunk_taps * positions), outer(plan.chunk_rows * positions), partial(outer.size());
+    const auto col = scratch<acc_t>(plan.chunk_taps * positions);
+    const auto outer = scratch<acc_t>(plan.chunk_rows * positions), partial = scratch<acc_t>(plan.chunk_rows * positions);
     std::vector<const acc_t*> cols(plan.chunk_taps);
-    for (int64_t t = 0; t < plan.chunk_taps; ++t) cols[t] = col.data() + t * positions;
+    for (int64_t t = 0; t < plan.chunk_taps; ++t) cols[t] = col.get() + t * positions;
     std::vector<Segment> segments;
     for (int64_t task = first_task; task < last_task; ++task) {
       const int64_t chunk = task % co_chunks, rest = task / co_chunks;
@@ -138,7 +139,7 @@ void convolve_chassis(const Problem& p, const ChassisPlan& plan, const scalar_t*
       const int64_t co0 = chunk * kChannelChunk, rows = std::min(kChannelChunk, Cout_g - co0);
       const acc_t* w = w_rows + g * group_size + plan.phase_offsets[item.i * n_pw + item.j] + co0 * taps;
 
-      for (int64_t c = 0; c < rows; ++c) std::fill_n(outer.data() + c * positions, width, bias[g * Cout_g + co0 + c]);
+      for (int64_t c = 0; c < rows; ++c) std::fill_n(outer.get() + c * positions, width, bias[g * Cout_g + co0 + c]);
 
       // The task's positions, one segment per grid row, shared by every tap and by the store.
       segments.clear();
@@ -153,16 +154,16 @@ void convolve_chassis(const Problem& p, const ChassisPlan& plan, const scalar_t*
         for (int64_t t = t0; t < t1; ++t) {
           const scalar_t* plane = x + n * xl.n + (g * Cin_g + ci) * xl.c;
           gather(plane, xl, plan.ax_h.in_step, plan.ax_w.in_step, ph.taps[ia], pw.taps[ib], segments,
-                 col.data() + (t - t0) * positions, item.last - item.first, width);
+                 col.get() + (t - t0) * positions, item.last - item.first, width);
           if (++ib == nw) {
             ib = 0;
             if (++ia == nh) ia = 0, ++ci;
           }
         }
-        multiply<acc_t>(rows, w + t0, taps, cols.data(), t1 - t0, outer.data(), partial.data(), positions, width,
+        multiply<acc_t>(rows, w + t0, taps, cols.data(), t1 - t0, outer.get(), partial.get(), positions, width,
                         t0 == 0);
       }
-      store_task<scalar_t>(plan, ph, pw, segments, outer.data(), positions, rows,
+      store_task<scalar_t>(plan, ph, pw, segments, outer.get(), positions, rows,
                            out + n * ol.n + (g * Cout_g + co0) * ol.c, ol);
     }
   });

@@ -10,6 +10,7 @@
 #include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -35,6 +36,13 @@ using acc_type = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
 template <typename T>
 constexpr bool is_half = std::is_same_v<T, at::BFloat16> || std::is_same_v<T, at::Half>;
+
+// Scratch that the kernel writes in full before it reads it: left unfilled (a std::vector fills
+// its elements, which took 6% of a 1x1 convolution's time for the padded input planes alone).
+template <typename T>
+inline std::unique_ptr<T[]> scratch(int64_t n) {
+  return std::make_unique_for_overwrite<T[]>(static_cast<size_t>(n));
+}
 
 template <typename T>
 inline void zero(T* dst, int64_t n) {

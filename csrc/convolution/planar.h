@@ -123,8 +123,8 @@ void convolve_planar(const Problem& p, const ChassisPlan& plan, const PaddedPlan
                      const Layout& ol) {
   using acc_t = acc_type<scalar_t>;
   constexpr int64_t block_width = kVectorBlock * Vectorized<acc_t>::size();
-  std::vector<acc_t> planes(p.N * p.Cin * pl.step_h * pl.step_w * pl.size);
-  fill_padded_planes<scalar_t>(p, pl, x, xl, planes.data());
+  const auto planes = scratch<acc_t>(p.N * p.Cin * pl.step_h * pl.step_w * pl.size);
+  fill_padded_planes<scalar_t>(p, pl, x, xl, planes.get());
 
   const int64_t G = p.groups, Cin_g = p.Cin / G, Cout_g = p.Cout / G, group_size = Cout_g * Cin_g * p.Kh * p.Kw;
   const int64_t n_ph = static_cast<int64_t>(plan.ax_h.phases.size()), n_pw = static_cast<int64_t>(plan.ax_w.phases.size());
@@ -143,7 +143,7 @@ void convolve_planar(const Problem& p, const ChassisPlan& plan, const PaddedPlan
   const int64_t image_size = p.Cin * pl.step_h * pl.step_w * pl.size;
 
   at::parallel_for(0, others * row_blocks, 1, [&](int64_t first_task, int64_t last_task) {
-    std::vector<acc_t> outer(plan.chunk_rows * ld), partial(outer.size());
+    const auto outer = scratch<acc_t>(plan.chunk_rows * ld), partial = scratch<acc_t>(plan.chunk_rows * ld);
     std::vector<const acc_t*> runs;
     for (int64_t task = first_task; task < last_task; ++task) {
       int64_t rest = task;
@@ -159,12 +159,12 @@ void convolve_planar(const Problem& p, const ChassisPlan& plan, const PaddedPlan
       const int64_t width = ((jh1 - jh0) * pl.Wp + block_width - 1) / block_width * block_width;
       const int64_t co0 = chunk * kChannelChunk, rows = std::min(kChannelChunk, Cout_g - co0);
       const acc_t* w = w_rows + g * group_size + plan.phase_offsets[i * n_pw + j] + co0 * taps;
-      for (int64_t c = 0; c < rows; ++c) std::fill_n(outer.data() + c * ld, width, bias[g * Cout_g + co0 + c]);
-      tap_runs<acc_t>(p, pl, ph, pw, planes.data() + n * image_size, g, runs);
+      for (int64_t c = 0; c < rows; ++c) std::fill_n(outer.get() + c * ld, width, bias[g * Cout_g + co0 + c]);
+      tap_runs<acc_t>(p, pl, ph, pw, planes.get() + n * image_size, g, runs);
       for (acc_t const*& run : runs) run += jh0 * pl.Wp;
       for (int64_t t0 = 0; t0 < taps; t0 += kTapChunk) {
         const int64_t t1 = std::min(taps, t0 + kTapChunk);
-        multiply<acc_t>(rows, w + t0, taps, runs.data() + t0, t1 - t0, outer.data(), partial.data(), ld, width,
+        multiply<acc_t>(rows, w + t0, taps, runs.data() + t0, t1 - t0, outer.get(), partial.get(), ld, width,
                         t0 == 0);
       }
       // Grid position (jh, jw) is output (r_h + out_step_h * jh, r_w + out_step_w * jw).
@@ -172,7 +172,7 @@ void convolve_planar(const Problem& p, const ChassisPlan& plan, const PaddedPlan
       for (int64_t c = 0; c < rows; ++c) {
         scalar_t* dst = out + n * ol.n + (g * Cout_g + co0 + c) * ol.c + pw.r * ol.w;
         for (int64_t jh = jh0; jh < jh1; ++jh) {
-          store_row<scalar_t>(outer.data() + c * ld + (jh - jh0) * pl.Wp,
+          store_row<scalar_t>(outer.get() + c * ld + (jh - jh0) * pl.Wp,
                               dst + (ph.r + plan.ax_h.out_step * jh) * ol.h, step, pw.count);
         }
       }
