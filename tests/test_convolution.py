@@ -396,6 +396,23 @@ def test_deterministic_across_calls_and_threads(op, dtype):
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(3, 5, 4, 4), (2, 3, 7, 9), (4, 2, 1, 1), (2, 1, 3, 1)], ids=str)
+def test_each_image_is_computed_as_if_alone(shape, dtype):
+    """An image's output does not depend on the batch around it, bit for bit. Unpadded stride-1
+    float inputs (1x1 convolutions) are read in place for every image but the last, which is
+    copied, so this compares the two ways of reading; the shapes include images too small for a
+    vector block's over-read to stay inside the batch (those are copied)."""
+    generator = torch.Generator().manual_seed(11)
+    n, cin, h, w = shape
+    x = torch.randn(shape, generator=generator).to(dtype)
+    weight = torch.randn(6, cin, 1, 1, generator=generator).to(dtype)
+    bias = torch.randn(6, generator=generator).to(dtype)
+    whole = fuel_torch.conv2d(x, weight, bias)
+    for i in range(n):
+        assert reference.bit_equal(whole[i:i + 1], fuel_torch.conv2d(x[i:i + 1].clone(), weight, bias)), i
+
+
 # ---------------------------------------------------------------------------------------------
 # Shapes, out=, layout policy, meta and symbolic shapes
 

@@ -78,7 +78,16 @@ void fill_padded_planes(const Problem& p, const PaddedPlanes& pl, const scalar_t
       const int64_t lo = std::clamp<int64_t>(-floor_div(rw + pl.step_w * pl.min_w, pl.step_w), 0, pl.Wp);
       const int64_t hi = std::clamp<int64_t>(floor_div(p.W - 1 - rw, pl.step_w) - pl.min_w + 1, lo, pl.Wp);
       const int64_t step = pl.step_w * xl.w;
-      for (int64_t i = 0; i < pl.Hp; ++i) {
+      // Rows that need no padding and lie back to back in x (an unpadded stride-1 NCHW plane, as
+      // in a 1x1 convolution) are one run: widened in one go, not row by row.
+      int64_t i = 0;
+      if (pl.step_h == 1 && lo == 0 && hi == pl.Wp && step == 1 && xl.h == pl.Wp) {
+        const int64_t first = std::clamp<int64_t>(-pl.min_h, 0, pl.Hp), last = std::clamp<int64_t>(p.H - pl.min_h, first, pl.Hp);
+        zero(dst, first * pl.Wp);
+        widen<scalar_t>(src + (first + pl.min_h) * xl.h + pl.min_w * xl.w, dst + first * pl.Wp, (last - first) * pl.Wp);
+        i = last;
+      }
+      for (; i < pl.Hp; ++i) {
         acc_t* row = dst + i * pl.Wp;
         const int64_t ih = pl.step_h * (i + pl.min_h) + rh;
         if (ih < 0 || ih >= p.H) {
@@ -99,21 +108,38 @@ void fill_padded_planes(const Problem& p, const PaddedPlanes& pl, const scalar_t
   });
 }
 
-// Tap t's run for grid row 0 of a phase, for every tap of the phase in the chassis order.
+// Tap t's run for grid row 0 of a phase, for every tap of the phase in the chassis order; the
+// image's planes are `pitch` elements apart.
 template <typename acc_t>
 void tap_runs(const Problem& p, const PaddedPlanes& pl, const Phase& ph, const Phase& pw, const acc_t* image_planes,
-              int64_t g, std::vector<const acc_t*>& runs) {
+              int64_t pitch, int64_t g, std::vector<const acc_t*>& runs) {
   const int64_t Cin_g = p.Cin / p.groups, per_channel = pl.step_h * pl.step_w;
   runs.clear();
   for (int64_t ci = 0; ci < Cin_g; ++ci) {
-    const acc_t* channel = image_planes + (g * Cin_g + ci) * per_channel * pl.size;
+    const acc_t* channel = image_planes + (g * Cin_g + ci) * per_channel * pitch;
     for (const Tap& a : ph.taps) {
       const Split sa = split(a.offset, pl.step_h);
       for (const Tap& b : pw.taps) {
         const Split sb = split(b.offset, pl.step_w);
-        runs.push_back(channel + (sa.r * pl.step_w + sb.r) * pl.size + (sa.q - pl.min_h) * pl.Wp + (sb.q - pl.min_w));
+        runs.push_back(channel + (sa.r * pl.step_w + sb.r) * pitch + (sa.q - pl.min_h) * pl.Wp + (sb.q - pl.min_w));
       }
     }
+  }
+}
+
+// Whether x's images already are their padded planes for every image but the last: an unpadded
+// stride-1 NCHW input of the accumulator type (a 1x1 convolution's), whose planes lie back to back.
+// A task's runs read up to the planes' slack past a plane's end, which stays inside x while a later
+// image follows; the last image is copied.
+template <typename scalar_t>
+bool reads_in_place(const Problem& p, const PaddedPlanes& pl, const Layout& xl) {
+  if constexpr (is_half<scalar_t>) {
+    return false;
+  } else {
+    const int64_t plane = p.H * p.W, slack = pl.size - pl.Hp * pl.Wp;
+    return p.N > 1 && pl.step_h == 1 && pl.step_w == 1 && pl.min_h == 0 && pl.min_w == 0 && pl.Hp == p.H &&
+           pl.Wp == p.W && xl.w == 1 && xl.h == p.W && xl.c == plane && xl.n == p.Cin * plane &&
+           p.Cin * plane >= slack;
   }
 }
 
@@ -123,8 +149,12 @@ void convolve_planar(const Problem& p, const ChassisPlan& plan, const PaddedPlan
                      const Layout& ol) {
   using acc_t = acc_type<scalar_t>;
   constexpr int64_t block_width = kVectorBlock * Vectorized<acc_t>::size();
-  const auto planes = scratch<acc_t>(p.N * p.Cin * pl.step_h * pl.step_w * pl.size);
-  fill_padded_planes<scalar_t>(p, pl, x, xl, planes.get());
+  const bool in_place = reads_in_place<scalar_t>(p, pl, xl);
+  Problem copied = p;
+  copied.N = in_place ? 1 : p.N;
+  const int64_t first_copied = p.N - copied.N;
+  const auto planes = scratch<acc_t>(copied.N * p.Cin * pl.step_h * pl.step_w * pl.size);
+  fill_padded_planes<scalar_t>(copied, pl, x + first_copied * xl.n, xl, planes.get());
 
   const int64_t G = p.groups, Cin_g = p.Cin / G, Cout_g = p.Cout / G, group_size = Cout_g * Cin_g * p.Kh * p.Kw;
   const int64_t n_ph = static_cast<int64_t>(plan.ax_h.phases.size()), n_pw = static_cast<int64_t>(plan.ax_w.phases.size());
@@ -160,7 +190,11 @@ void convolve_planar(const Problem& p, const ChassisPlan& plan, const PaddedPlan
       const int64_t co0 = chunk * kChannelChunk, rows = std::min(kChannelChunk, Cout_g - co0);
       const acc_t* w = w_rows + g * group_size + plan.phase_offsets[i * n_pw + j] + co0 * taps;
       for (int64_t c = 0; c < rows; ++c) std::fill_n(outer.get() + c * ld, width, bias[g * Cout_g + co0 + c]);
-      tap_runs<acc_t>(p, pl, ph, pw, planes.get() + n * image_size, g, runs);
+      if (n < first_copied) {
+        tap_runs<acc_t>(p, pl, ph, pw, reinterpret_cast<const acc_t*>(x + n * xl.n), xl.c, g, runs);
+      } else {
+        tap_runs<acc_t>(p, pl, ph, pw, planes.get() + (n - first_copied) * image_size, pl.size, g, runs);
+      }
       for (acc_t const*& run : runs) run += jh0 * pl.Wp;
       for (int64_t t0 = 0; t0 < taps; t0 += kTapChunk) {
         const int64_t t1 = std::min(taps, t0 + kTapChunk);
