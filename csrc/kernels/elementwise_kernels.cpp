@@ -190,8 +190,9 @@ V c99_ones(const V& a, const V& b, const V& power) {
 // degree the error budget allows, evaluated in Estrin's scheme, with y and the scale folded into
 // their last terms. Coefficients: Remez fits with relative error weight, made by
 // tools/pow_float_coefficients.py. A table-driven log (1/c and log2 c looked up by the top bits of
-// z, as ARM's powf) costs more here than the division it saves: as a speed mock-up, 12% slower with three vpermps
-// lookups of float tables (N = 8, 9 cycles each, and six more conversions), 25% with gathers.
+// z, as ARM's powf) costs more here than the division it saves: as a speed mock-up, 12% slower
+// with three vpermps lookups of float tables (N = 8, 9 cycles each, and six more conversions), 25%
+// with gathers.
 //
 // Error budget, relative to the exact power, before the one rounding to float:
 //   log2 z = s * P(s^2), s = (z - 1) / (z + 1), |s| <= 0.1716: P of degree 4 is within 4.3e-12
