@@ -465,37 +465,31 @@ constexpr bool is_half = std::is_same_v<scalar_t, at::BFloat16> || std::is_same_
 // half of its float) and packs back within blocks, which restores the order (at 64K elements in
 // cache: 13 -> 8 us). The rounding is at::vec's, bit for bit: to nearest even, every NaN 0xffff.
 // float16 converts by instruction (F16C), in order, on every level but DEFAULT.
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+// Each float lane's bf16 bits, in the lane's low half.
+inline Vectorized<int32_t> bf16_bits_of(const Vectorized<float>& f) {
+  using VI = Vectorized<int32_t>;
+  const VI bits = bits_of(f);
+  const VI rounded = ((bits + ((bits >> VI(16)) & VI(1)) + VI(0x7fff)) >> VI(16)) & VI(0xffff);
+  return VI::blendv(rounded, VI(0xffff), bits_of(f != f));
+}
 #if defined(CPU_CAPABILITY_AVX512)
 inline std::pair<Vectorized<float>, Vectorized<float>> widen(const Vectorized<at::BFloat16>& v) {
   const __m512i zero = _mm512_setzero_si512();
   return {_mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, v)), _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, v))};
 }
-inline __m512i bf16_bits_in_low_half(const __m512& f) {
-  const __m512i bits = _mm512_castps_si512(f);
-  const __m512i bias = _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1)),
-                                        _mm512_set1_epi32(0x7fff));
-  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, bias), 16);
-  return _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(f, f, _CMP_ORD_Q), _mm512_set1_epi32(0xffff), rounded);
-}
 inline Vectorized<at::BFloat16> narrow_bf16(const Vectorized<float>& lo, const Vectorized<float>& hi) {
-  return _mm512_packus_epi32(bf16_bits_in_low_half(lo), bf16_bits_in_low_half(hi));
+  return _mm512_packus_epi32(bf16_bits_of(lo), bf16_bits_of(hi));
 }
-constexpr bool kBf16WidensInBlocks = true;
-#elif defined(CPU_CAPABILITY_AVX2)
+#else
 inline std::pair<Vectorized<float>, Vectorized<float>> widen(const Vectorized<at::BFloat16>& v) {
   const __m256i zero = _mm256_setzero_si256();
   return {_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, v)), _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, v))};
 }
-inline __m256i bf16_bits_in_low_half(const __m256& f) {
-  const __m256i bits = _mm256_castps_si256(f);
-  const __m256i bias = _mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1)),
-                                        _mm256_set1_epi32(0x7fff));
-  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, bias), 16);
-  return _mm256_blendv_epi8(_mm256_set1_epi32(0xffff), rounded, _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_ORD_Q)));
-}
 inline Vectorized<at::BFloat16> narrow_bf16(const Vectorized<float>& lo, const Vectorized<float>& hi) {
-  return _mm256_packus_epi32(bf16_bits_in_low_half(lo), bf16_bits_in_low_half(hi));
+  return _mm256_packus_epi32(bf16_bits_of(lo), bf16_bits_of(hi));
 }
+#endif
 constexpr bool kBf16WidensInBlocks = true;
 #else
 inline std::pair<Vectorized<float>, Vectorized<float>> widen(const Vectorized<at::BFloat16>& v) {
