@@ -137,13 +137,15 @@ inline Vectorized<int32_t> bits_of(const Vectorized<float>& v) { return reinterp
 inline Vectorized<float> float_from_bits(const Vectorized<int32_t>& v) { return reinterpret<float>(v); }
 inline Vectorized<int64_t> bits_of(const Vectorized<double>& v) { return reinterpret<int64_t>(v); }
 inline Vectorized<double> double_from_bits(const Vectorized<int64_t>& v) { return reinterpret<double>(v); }
-inline std::pair<Vectorized<double>, Vectorized<double>> to_double(const Vectorized<float>& v) {
+// float or int32 lanes, converted exactly to two vectors of double.
+template <typename T>
+inline std::pair<Vectorized<double>, Vectorized<double>> to_double(const Vectorized<T>& v) {
   constexpr int D = Vectorized<double>::size();
-  static_assert(Vectorized<float>::size() == 2 * D);
-  __at_align__ float f[2 * D];
+  static_assert(Vectorized<T>::size() == 2 * D);
+  __at_align__ T lanes[2 * D];
   __at_align__ double lo[D], hi[D];
-  v.store(f);
-  for (int i = 0; i < D; ++i) lo[i] = f[i], hi[i] = f[D + i];
+  v.store(lanes);
+  for (int i = 0; i < D; ++i) lo[i] = lanes[i], hi[i] = lanes[D + i];
   return {Vectorized<double>::loadu(lo), Vectorized<double>::loadu(hi)};
 }
 inline Vectorized<float> to_float(const Vectorized<double>& lo, const Vectorized<double>& hi) {
@@ -154,15 +156,6 @@ inline Vectorized<float> to_float(const Vectorized<double>& lo, const Vectorized
   hi.store(h);
   for (int i = 0; i < D; ++i) f[i] = static_cast<float>(l[i]), f[D + i] = static_cast<float>(h[i]);
   return Vectorized<float>::loadu(f);
-}
-inline std::pair<Vectorized<double>, Vectorized<double>> to_double(const Vectorized<int32_t>& v) {
-  constexpr int D = Vectorized<double>::size();
-  static_assert(Vectorized<int32_t>::size() == 2 * D);
-  __at_align__ int32_t i32[2 * D];
-  __at_align__ double lo[D], hi[D];
-  v.store(i32);
-  for (int i = 0; i < D; ++i) lo[i] = i32[i], hi[i] = i32[D + i];
-  return {Vectorized<double>::loadu(lo), Vectorized<double>::loadu(hi)};
 }
 inline bool any_sign_bit(const Vectorized<int32_t>& v) {
   __at_align__ int32_t lanes[Vectorized<int32_t>::size()];
