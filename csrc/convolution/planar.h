@@ -82,7 +82,8 @@ void fill_padded_planes(const Problem& p, const PaddedPlanes& pl, const scalar_t
       // in a 1x1 convolution) are one run: widened in one go, not row by row.
       int64_t i = 0;
       if (pl.step_h == 1 && lo == 0 && hi == pl.Wp && step == 1 && xl.h == pl.Wp) {
-        const int64_t first = std::clamp<int64_t>(-pl.min_h, 0, pl.Hp), last = std::clamp<int64_t>(p.H - pl.min_h, first, pl.Hp);
+        const int64_t first = std::clamp<int64_t>(-pl.min_h, 0, pl.Hp);
+        const int64_t last = std::clamp<int64_t>(p.H - pl.min_h, first, pl.Hp);
         zero(dst, first * pl.Wp);
         widen<scalar_t>(src + (first + pl.min_h) * xl.h + pl.min_w * xl.w, dst + first * pl.Wp, (last - first) * pl.Wp);
         i = last;
