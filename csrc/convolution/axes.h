@@ -39,9 +39,15 @@ struct Axis {
 // floor(a / b) for b > 0, clamped to +-2^62: callers clamp it to a grid range anyway, and the margin
 // lets them add or negate it without overflow.
 inline int64_t floor_div(__int128 a, int64_t b) {
+  constexpr __int128 limit = __int128(1) << 62;
+  // The common case in 64 bits: a 128-bit division is a library call, and the planar path asks
+  // for several per plane and per tap.
+  if (a > -limit && a < limit) {
+    const int64_t a64 = static_cast<int64_t>(a), q64 = a64 / b;
+    return q64 - (a64 % b != 0 && a64 < 0);
+  }
   __int128 q = a / b;
   if (a % b != 0 && a < 0) --q;
-  constexpr __int128 limit = __int128(1) << 62;
   return static_cast<int64_t>(std::clamp<__int128>(q, -limit, limit));
 }
 

@@ -16,7 +16,8 @@
 namespace fuel {
 namespace CPU_CAPABILITY {
 
-constexpr int64_t kChannelChunk = 256;  // output channels per task
+// Output channels per task: whole channel blocks, so that a task's packed weights start on a block.
+constexpr int64_t kChannelChunk = 42 * kChannelBlock;
 constexpr int64_t kMaxPositions = 4096;  // output positions per task, at most
 
 // One grid row's share of a task: grid columns [jw0, jw1) of grid row jh, stored from `offset` on.
@@ -107,7 +108,7 @@ void store_task(const ChassisPlan& plan, const Phase& ph, const Phase& pw, const
   }
 }
 
-// w_rows: packed as pack_chassis_weights does (or, for a contiguous float conv2d, the weight itself).
+// w_rows: packed as pack_chassis_weights does.
 template <typename scalar_t>
 void convolve_chassis(const Problem& p, const ChassisPlan& plan, const scalar_t* x, const Layout& xl,
                       const acc_type<scalar_t>* w_rows, const acc_type<scalar_t>* bias, scalar_t* out,
@@ -160,7 +161,7 @@ void convolve_chassis(const Problem& p, const ChassisPlan& plan, const scalar_t*
             if (++ia == nh) ia = 0, ++ci;
           }
         }
-        multiply<acc_t>(rows, w + t0, taps, cols.data(), t1 - t0, outer.get(), partial.get(), positions, width,
+        multiply<acc_t>(rows, w, taps, t0, cols.data(), t1 - t0, outer.get(), partial.get(), positions, width,
                         t0 == 0);
       }
       store_task<scalar_t>(plan, ph, pw, segments, outer.get(), positions, rows,

@@ -40,18 +40,10 @@ void convolve_general(const Problem& p, const scalar_t* x, const Layout& xl, con
   const ChassisPlan plan = plan_chassis<acc_t>(p, std::move(ax_h), std::move(ax_w), std::move(offsets));
   std::vector<acc_t> bias_acc(p.Cout, acc_t(0));
   for (int64_t co = 0; bias && co < p.Cout; ++co) bias_acc[co] = static_cast<acc_t>(bias[co]);
-  const scalar_t* w = static_cast<const scalar_t*>(o.weight);
-  std::vector<acc_t> packed;
-  const acc_t* w_rows = nullptr;
-  if constexpr (!is_half<scalar_t>) {
-    // [Cout, Cin / groups, Kh, Kw] contiguous already is the packed conv2d layout: read it in place.
-    if (!p.transpose && o.weight_contiguous) w_rows = w;
-  }
-  if (!w_rows) {
-    packed.resize((p.transpose ? p.Cin * (p.Cout / p.groups) : p.Cout * (p.Cin / p.groups)) * p.Kh * p.Kw);
-    pack_chassis_weights<scalar_t>(p, plan.ax_h, plan.ax_w, plan.phase_offsets, w, o.weight_strides, packed.data());
-    w_rows = packed.data();
-  }
+  std::vector<acc_t> packed((p.transpose ? p.Cin * (p.Cout / p.groups) : p.Cout * (p.Cin / p.groups)) * p.Kh * p.Kw);
+  pack_chassis_weights<scalar_t>(p, plan.ax_h, plan.ax_w, plan.phase_offsets, static_cast<const scalar_t*>(o.weight),
+                                 o.weight_strides, packed.data());
+  const acc_t* w_rows = packed.data();
   const PaddedPlanes planes = padded_planes(plan.ax_h, plan.ax_w, kVectorBlock * Vectorized<acc_t>::size());
   if (planes_fit<acc_t>(p, planes)) {
     return convolve_planar<scalar_t>(p, plan, planes, x, xl, w_rows, bias_acc.data(), out, ol);

@@ -1,12 +1,14 @@
 // Weight packing: the weights as accumulator-type rows in the order the kernels read them.
 //
-// Chassis: W[g][phase][co][t], t = (ci, kh, kw) over the taps that reach the phase, in order.
+// Chassis: W[g][phase] holds the Cout / g x taps matrix W[co][t], t = (ci, kh, kw) over the taps that
+// reach the phase in order, laid out as the micro-kernel reads it (packed_weight_index).
 // Wide-kernel path: W[co][ci][kh][row], each kernel row padded with zeros to whole vectors.
 // Either reads the weight tensor through its strides (contiguous or channels_last).
 #pragma once
 
 #include "axes.h"
 #include "kernel_common.h"
+#include "micro_kernel.h"
 
 namespace fuel {
 namespace CPU_CAPABILITY {
@@ -40,13 +42,21 @@ void pack_chassis_weights(const Problem& p, const Axis& ax_h, const Axis& ax_w, 
       const int64_t g = item / (n_ph * n_pw), i = item / n_pw % n_ph, j = item % n_pw;
       const auto &th = ax_h.phases[i].taps, &tw = ax_w.phases[j].taps;
       acc_t* dst = packed + g * group_size + offsets[i * n_pw + j];
-      for (int64_t co = 0; co < Cout_g; ++co) {
-        for (int64_t ci = 0; ci < Cin_g; ++ci) {
-          const int64_t base = p.transpose ? (g * Cin_g + ci) * ws[0] + co * ws[1] : (g * Cout_g + co) * ws[0] + ci * ws[1];
-          for (const Tap& a : th) {
-            for (const Tap& b : tw) *dst++ = static_cast<acc_t>(w[base + a.k * ws[2] + b.k * ws[3]]);
-          }
+      const int64_t taps = Cin_g * static_cast<int64_t>(th.size() * tw.size());
+      // Where tap t of a row lies in the weight tensor, from the row's first element.
+      std::vector<int64_t> tap_offsets;
+      tap_offsets.reserve(taps);
+      for (int64_t ci = 0; ci < Cin_g; ++ci) {
+        for (const Tap& a : th) {
+          for (const Tap& b : tw) tap_offsets.push_back((p.transpose ? ci * ws[0] : ci * ws[1]) + a.k * ws[2] + b.k * ws[3]);
         }
+      }
+      for (int64_t co = 0; co < Cout_g; ++co) {
+        const scalar_t* src = w + (p.transpose ? g * Cin_g * ws[0] + co * ws[1] : (g * Cout_g + co) * ws[0]);
+        // Row co's taps lie `step` apart from its first (packed_weight_index).
+        acc_t* row = dst + packed_weight_index(co, 0, Cout_g, taps);
+        const int64_t step = packed_weight_index(co, 1, Cout_g, taps) - packed_weight_index(co, 0, Cout_g, taps);
+        for (int64_t t = 0; t < taps; ++t) row[t * step] = static_cast<acc_t>(src[tap_offsets[t]]);
       }
     }
   });

@@ -128,19 +128,18 @@ void tap_runs(const Problem& p, const PaddedPlanes& pl, const Phase& ph, const P
   }
 }
 
-// Whether x's images already are their padded planes for every image but the last: an unpadded
-// stride-1 NCHW input of the accumulator type (a 1x1 convolution's), whose planes lie back to back.
-// A task's runs read up to the planes' slack past a plane's end, which stays inside x while a later
-// image follows; the last image is copied.
+// Whether x's images already are their padded planes: an unpadded stride-1 NCHW input of the
+// accumulator type (a 1x1 convolution's, or any unpadded one), whose planes lie back to back. A
+// task's runs read up to the planes' slack past a plane's end, which stays inside x for every plane
+// but the last when a plane is at least the slack long; the last plane is read from a padded copy.
 template <typename scalar_t>
 bool reads_in_place(const Problem& p, const PaddedPlanes& pl, const Layout& xl) {
   if constexpr (is_half<scalar_t>) {
     return false;
   } else {
     const int64_t plane = p.H * p.W, slack = pl.size - pl.Hp * pl.Wp;
-    return p.N > 1 && pl.step_h == 1 && pl.step_w == 1 && pl.min_h == 0 && pl.min_w == 0 && pl.Hp == p.H &&
-           pl.Wp == p.W && xl.w == 1 && xl.h == p.W && xl.c == plane && xl.n == p.Cin * plane &&
-           p.Cin * plane >= slack;
+    return pl.step_h == 1 && pl.step_w == 1 && pl.min_h == 0 && pl.min_w == 0 && pl.Hp == p.H && pl.Wp == p.W &&
+           xl.w == 1 && xl.h == p.W && xl.c == plane && xl.n == p.Cin * plane && plane >= slack;
   }
 }
 
@@ -152,10 +151,16 @@ void convolve_planar(const Problem& p, const ChassisPlan& plan, const PaddedPlan
   constexpr int64_t block_width = kVectorBlock * Vectorized<acc_t>::size();
   const bool in_place = reads_in_place<scalar_t>(p, pl, xl);
   Problem copied = p;
-  copied.N = in_place ? 1 : p.N;
-  const int64_t first_copied = p.N - copied.N;
+  copied.N = in_place ? 0 : p.N;
   const auto planes = scratch<acc_t>(copied.N * p.Cin * pl.step_h * pl.step_w * pl.size);
-  fill_padded_planes<scalar_t>(copied, pl, x + first_copied * xl.n, xl, planes.get());
+  fill_padded_planes<scalar_t>(copied, pl, x, xl, planes.get());
+  // In place: the last plane of x, and its padded copy that the tasks read instead.
+  const acc_t* last_plane = in_place ? reinterpret_cast<const acc_t*>(x + (p.N - 1) * xl.n + (p.Cin - 1) * xl.c) : nullptr;
+  const auto last_copy = scratch<acc_t>(in_place ? pl.size : 0);
+  if (in_place) {
+    std::copy_n(last_plane, pl.Hp * pl.Wp, last_copy.get());
+    zero(last_copy.get() + pl.Hp * pl.Wp, pl.size - pl.Hp * pl.Wp);
+  }
 
   const int64_t G = p.groups, Cin_g = p.Cin / G, Cout_g = p.Cout / G, group_size = Cout_g * Cin_g * p.Kh * p.Kw;
   const int64_t n_ph = static_cast<int64_t>(plan.ax_h.phases.size()), n_pw = static_cast<int64_t>(plan.ax_w.phases.size());
@@ -170,7 +175,7 @@ void convolve_planar(const Problem& p, const ChassisPlan& plan, const PaddedPlan
   const int64_t rows_per_task =
       std::clamp<int64_t>(std::min(budget / pl.Wp, (max_rows + wanted_blocks - 1) / wanted_blocks), 1, max_rows);
   const int64_t row_blocks = (max_rows + rows_per_task - 1) / rows_per_task;
-  const int64_t ld = (rows_per_task * pl.Wp + block_width - 1) / block_width * block_width;
+  const int64_t ld = staggered_pitch<acc_t>((rows_per_task * pl.Wp + block_width - 1) / block_width * block_width);
   const int64_t image_size = p.Cin * pl.step_h * pl.step_w * pl.size;
 
   at::parallel_for(0, others * row_blocks, 1, [&](int64_t first_task, int64_t last_task) {
@@ -191,15 +196,18 @@ void convolve_planar(const Problem& p, const ChassisPlan& plan, const PaddedPlan
       const int64_t co0 = chunk * kChannelChunk, rows = std::min(kChannelChunk, Cout_g - co0);
       const acc_t* w = w_rows + g * group_size + plan.phase_offsets[i * n_pw + j] + co0 * taps;
       for (int64_t c = 0; c < rows; ++c) std::fill_n(outer.get() + c * ld, width, bias[g * Cout_g + co0 + c]);
-      if (n < first_copied) {
+      if (in_place) {
         tap_runs<acc_t>(p, pl, ph, pw, reinterpret_cast<const acc_t*>(x + n * xl.n), xl.c, g, runs);
+        for (acc_t const*& run : runs) {
+          if (run >= last_plane) run = last_copy.get() + (run - last_plane);
+        }
       } else {
-        tap_runs<acc_t>(p, pl, ph, pw, planes.get() + (n - first_copied) * image_size, pl.size, g, runs);
+        tap_runs<acc_t>(p, pl, ph, pw, planes.get() + n * image_size, pl.size, g, runs);
       }
       for (acc_t const*& run : runs) run += jh0 * pl.Wp;
       for (int64_t t0 = 0; t0 < taps; t0 += kTapChunk) {
         const int64_t t1 = std::min(taps, t0 + kTapChunk);
-        multiply<acc_t>(rows, w + t0, taps, runs.data() + t0, t1 - t0, outer.get(), partial.get(), ld, width,
+        multiply<acc_t>(rows, w, taps, t0, runs.data() + t0, t1 - t0, outer.get(), partial.get(), ld, width,
                         t0 == 0);
       }
       // Grid position (jh, jw) is output (r_h + out_step_h * jh, r_w + out_step_w * jw).
