@@ -26,7 +26,7 @@ namespace CPU_CAPABILITY {
 using at::vec::Vectorized;
 
 // The summation order every kernel keeps (see contracts/convolution.fkc.md, Arithmetic).
-constexpr int64_t kBlock = 16;             // taps per fused multiply-add chain
+constexpr int64_t kBlock = 32;             // taps per fused multiply-add chain
 constexpr int64_t kTapChunk = 256;         // taps per chunk (a multiple of kBlock)
 constexpr int64_t kScratchBytes = 131072;  // per thread and buffer: what a task keeps in L2
 static_assert(kTapChunk % kBlock == 0, "a tap chunk must hold whole blocks, or chunking would change the sums");
