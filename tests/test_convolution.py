@@ -371,6 +371,22 @@ def test_halves_accumulate_in_float32(op, dtype, big):
     assert narrow.item() == big
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("cout,groups", [(4, 1), (8, 1), (16, 1), (20, 1), (64, 1), (64, 4), (258, 1), (260, 1)],
+                         ids=str)
+def test_every_channel_blocking(cout, groups, dtype):
+    """Output channel counts for each register blocking of the micro-kernel: 6-channel blocks with a
+    shorter last one (20 = 3 x 6 + 2), 4-channel blocks (multiples of 4, not of 6: 4, 8, 16, 64, and
+    16 per group), and tasks split at 252 channels (258 = 252 + 6, 260 = 252 + 8 in 4-channel blocks).
+    Image widths 7, 10 and 11 give tasks whose last position block is three, two and one vectors. Against the
+    float64 reference of the dtype (module docstring)."""
+    generator = torch.Generator().manual_seed(cout + groups)
+    for width in (7, 10, 11):
+        x, w, b = operands("conv2d", 2, 8, cout, groups, (3, 3), (5, width), True, dtype, generator)
+        check_values("conv2d", fuel_torch.conv2d(x, w, b, padding=1, groups=groups), x, w, b,
+                     {"padding": 1, "groups": groups})
+
+
 # ---------------------------------------------------------------------------------------------
 # Determinism
 

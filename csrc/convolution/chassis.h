@@ -16,8 +16,6 @@
 namespace fuel {
 namespace CPU_CAPABILITY {
 
-// Output channels per task: whole channel blocks, so that a task's packed weights start on a block.
-constexpr int64_t kChannelChunk = 42 * kChannelBlock;
 constexpr int64_t kMaxPositions = 4096;  // output positions per task, at most
 
 // One grid row's share of a task: grid columns [jw0, jw1) of grid row jh, stored from `offset` on.

@@ -18,13 +18,29 @@ constexpr int kVectorBlock = 2;   // vectors of positions per register block
 constexpr int64_t kPiece = 64;
 static_assert(kTapChunk % kPiece == 0 && kPiece % kBlock == 0, "pieces must hold whole blocks of one chunk");
 
-// Where the weight of (row, tap) of a task's rows x taps lies in the packed weights: rows in blocks
-// of kChannelBlock (the last block holds the rest), each block tap-major, so that the weights one
-// block broadcasts per tap are adjacent. Row-major rows a power of two apart (a 1x1's 256 taps:
-// 1 KiB) fell in a quarter of the L1 sets and were reloaded from L2 for every position block.
+// Output channels per task: whole channel blocks of either size below, so that a task's packed
+// weights start on a block.
+constexpr int64_t kChannelChunk = 42 * kChannelBlock;
+constexpr int kNarrowBlock = 4;  // channels per block where the task's count is a multiple of 4, not of 6
+static_assert(kChannelChunk % kNarrowBlock == 0, "a chunk must hold whole narrow blocks too");
+
+// The channel block of a task with `rows` channels: kChannelBlock x kVectorBlock, or, where that
+// would leave a short last block (64 = 10 x 6 + 4, 16 = 2 x 6 + 4), kNarrowBlock x 3 vectors: the
+// same 12 sums in flight, and no block at two thirds of the speed.
+inline int64_t channel_block(int64_t rows) {
+  return rows % kChannelBlock != 0 && rows % kNarrowBlock == 0 ? kNarrowBlock : kChannelBlock;
+}
+
+// Where the weight of (row, tap) of a rows x taps weight matrix lies in the packed weights: rows in
+// tasks of kChannelChunk, each task's rows in channel blocks (the last block holds the rest), each
+// block tap-major, so that the weights one block broadcasts per tap are adjacent. Row-major rows a
+// power of two apart (a 1x1's 256 taps: 1 KiB) fell in a quarter of the L1 sets and were reloaded
+// from L2 for every position block.
 inline int64_t packed_weight_index(int64_t row, int64_t tap, int64_t rows, int64_t taps) {
-  const int64_t block = row / kChannelBlock * kChannelBlock;
-  return block * taps + tap * std::min<int64_t>(kChannelBlock, rows - block) + (row - block);
+  const int64_t task = row / kChannelChunk * kChannelChunk;
+  const int64_t cb = channel_block(std::min(kChannelChunk, rows - task));
+  const int64_t block = task + (row - task) / cb * cb;
+  return block * taps + tap * std::min(cb, rows - block) + (row - block);
 }
 
 // The distance between the rows of a task's running totals: at least `width`, and an odd number of
@@ -89,6 +105,35 @@ inline void multiply_block(const acc_t* w, const acc_t* const* cols, int64_t p, 
   }
 }
 
+// multiply's piece [s0, s1) for a task of kNarrowBlock-channel blocks: kNarrowBlock x 3 vector
+// blocks, then the last one or two vectors of positions.
+template <typename acc_t, typename BlockWeights>
+void multiply_narrow(int64_t rows, const BlockWeights& block_w, const acc_t* const* cols, int64_t s0, int64_t s1,
+                     bool last, acc_t* outer, acc_t* partial, int64_t ldo, int64_t width, bool first_chunk) {
+  constexpr int64_t V = Vectorized<acc_t>::size(), step = 3 * V;
+  constexpr int CB = kNarrowBlock;
+  int64_t p = 0;
+  for (; p + step <= width; p += step) {
+    // The next block's inputs, as in multiply (three vectors: up to two cache lines).
+    for (int64_t t = s0; p + step < width && t < s1; ++t) {
+      _mm_prefetch(reinterpret_cast<const char*>(cols[t] + p + step), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(cols[t] + p + 2 * step - 1), _MM_HINT_T0);
+    }
+    for (int64_t c = 0; c < rows; c += CB) {
+      multiply_block<acc_t, CB, 3>(block_w(c), cols, p, s0, s1, last, outer + c * ldo + p, partial + c * ldo + p, ldo,
+                                   first_chunk);
+    }
+  }
+  for (int64_t c = 0; p < width && c < rows; c += CB) {
+    acc_t *oc = outer + c * ldo + p, *pc = partial + c * ldo + p;
+    if (width - p == 2 * V) {
+      multiply_block<acc_t, CB, 2>(block_w(c), cols, p, s0, s1, last, oc, pc, ldo, first_chunk);
+    } else {
+      multiply_block<acc_t, CB, 1>(block_w(c), cols, p, s0, s1, last, oc, pc, ldo, first_chunk);
+    }
+  }
+}
+
 // All rows x all positions of one tap chunk, piece by piece; within a piece, positions go in the
 // outer loop so that the piece's inputs for a position block stay in L1 while every channel block
 // reads them. w: the task's packed weights (rows x all_taps, packed_weight_index); the chunk starts
@@ -99,10 +144,15 @@ void multiply(int64_t rows, const acc_t* w, int64_t all_taps, int64_t t0, const 
               acc_t* outer, acc_t* partial, int64_t ldo, int64_t width, bool first_chunk) {
   constexpr int64_t V = Vectorized<acc_t>::size(), step = kVectorBlock * V;
   // Block c's weights from the chunk's first tap on.
-  auto block_w = [&](int64_t c) { return w + c * all_taps + t0 * std::min<int64_t>(kChannelBlock, rows - c); };
+  const int64_t cb = channel_block(rows);
+  auto block_w = [&](int64_t c) { return w + c * all_taps + t0 * std::min(cb, rows - c); };
   for (int64_t s0 = 0; s0 < taps; s0 += kPiece) {
     const int64_t s1 = std::min(taps, s0 + kPiece);
     const bool last = s1 == taps;
+    if (cb == kNarrowBlock) {
+      multiply_narrow<acc_t>(rows, block_w, cols, s0, s1, last, outer, partial, ldo, width, first_chunk);
+      continue;
+    }
     int64_t p = 0;
     // Few channels: wider position blocks keep enough independent sums in flight to hide the fused
     // multiply-add latency.
