@@ -53,15 +53,22 @@ inline void zero(T* dst, int64_t n) {
   for (; i < n; ++i) dst[i] = T(0);
 }
 
+// A contiguous run of floats copied with inline vector moves: runs are short (an input or output
+// row), and a memmove call per row took 5% of a 7x7 stem convolution. (The build also keeps GCC
+// from turning this loop back into that call: setup.py, KERNEL_ARGS.)
+template <typename T>
+inline void copy_run(const T* src, T* dst, int64_t n) {
+  using Vec = Vectorized<T>;
+  int64_t i = 0;
+  for (; i + Vec::size() <= n; i += Vec::size()) Vec::loadu(src + i).store(dst + i);
+  for (; i < n; ++i) dst[i] = src[i];
+}
+
 // Exact widening of a contiguous run into the accumulator type.
 template <typename scalar_t, typename acc_t = acc_type<scalar_t>>
 inline void widen(const scalar_t* src, acc_t* dst, int64_t n) {
   if constexpr (!is_half<scalar_t>) {
-    // Short runs are the common case (one input row): inline vector moves, no memmove.
-    using Vec = Vectorized<acc_t>;
-    int64_t i = 0;
-    for (; i + Vec::size() <= n; i += Vec::size()) Vec::loadu(src + i).store(dst + i);
-    for (; i < n; ++i) dst[i] = src[i];
+    copy_run(src, dst, n);
   } else {
     constexpr int64_t step = Vectorized<scalar_t>::size(), half = Vectorized<float>::size();
     for (int64_t i = 0; i < n; i += step) {
@@ -77,12 +84,7 @@ inline void widen(const scalar_t* src, acc_t* dst, int64_t n) {
 template <typename scalar_t, typename acc_t = acc_type<scalar_t>>
 inline void narrow(const acc_t* src, scalar_t* dst, int64_t n) {
   if constexpr (!is_half<scalar_t>) {
-    // Inline vector moves, as in widen: output rows are short, and a memmove call per row took 5%
-    // of a 7x7 stem convolution.
-    using Vec = Vectorized<acc_t>;
-    int64_t i = 0;
-    for (; i + Vec::size() <= n; i += Vec::size()) Vec::loadu(src + i).store(dst + i);
-    for (; i < n; ++i) dst[i] = src[i];
+    copy_run(src, dst, n);
   } else {
     constexpr int64_t step = Vectorized<scalar_t>::size(), half = Vectorized<float>::size();
     for (int64_t i = 0; i < n; i += step) {
