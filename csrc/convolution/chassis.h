@@ -138,7 +138,12 @@ void convolve_chassis(const Problem& p, const ChassisPlan& plan, const scalar_t*
       const int64_t co0 = chunk * kChannelChunk, rows = std::min(kChannelChunk, Cout_g - co0);
       const acc_t* w = w_rows + g * group_size + plan.phase_offsets[item.i * n_pw + item.j] + co0 * taps;
 
-      for (int64_t c = 0; c < rows; ++c) std::fill_n(outer.get() + c * positions, width, bias[g * Cout_g + co0 + c]);
+      const acc_t* task_bias = bias + g * Cout_g + co0;
+      // No taps (no input channels): the outputs are the bias. Otherwise the first chunk starts
+      // from it (multiply_block).
+      if (taps == 0) {
+        for (int64_t c = 0; c < rows; ++c) std::fill_n(outer.get() + c * positions, width, task_bias[c]);
+      }
 
       // The task's positions, one segment per grid row, shared by every tap and by the store.
       segments.clear();
@@ -160,7 +165,7 @@ void convolve_chassis(const Problem& p, const ChassisPlan& plan, const scalar_t*
           }
         }
         multiply<acc_t>(rows, w, taps, t0, cols.data(), t1 - t0, outer.get(), partial.get(), positions, width,
-                        t0 == 0);
+                        t0 == 0 ? task_bias : nullptr);
       }
       store_task<scalar_t>(plan, ph, pw, segments, outer.get(), positions, rows,
                            out + n * ol.n + (g * Cout_g + co0) * ol.c, ol);

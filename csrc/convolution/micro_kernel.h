@@ -56,15 +56,16 @@ constexpr int64_t staggered_pitch(int64_t width) {
 // outer[c][0..VB vectors) += sum over taps [0, taps) of w[t][c] * cols[t][p..p + VB vectors), for CB
 // channels; w holds the block's weights tap-major (packed_weight_index) from the chunk's first tap
 // on. cols[t] is tap t's row of inputs: a gathered row, or a run of a padded input plane. The taps
-// (one chunk, at most kTapChunk, starting at a multiple of it) are summed in three levels: blocks of kBlock taps as fused chains, the chunk's blocks from zero, then the chunk
-// into the running total; in the first chunk the first chain starts at the running total (the
-// bias) and the chunk sum replaces it. Block and chunk boundaries sit at fixed multiples from the
-// first tap, so the order of every sum is fixed by the geometry; CB and VB only choose how many
-// sums run side by side.
+// (one chunk, at most kTapChunk, starting at a multiple of it) are summed in three levels: blocks of
+// kBlock taps as fused chains, the chunk's blocks from zero, then the chunk into the running total.
+// In the first chunk (bias: the CB channels' biases; null in the others) there is no running total
+// yet: the first chain starts at the bias, held in a register, and the chunk sum becomes the total.
+// Block and chunk boundaries sit at fixed multiples from the first tap, so the order of every sum
+// is fixed by the geometry; CB and VB only choose how many sums run side by side.
 template <typename acc_t, int CB, int VB>
 inline void multiply_block(const acc_t* w, const acc_t* const* cols, int64_t p, int64_t first_tap,
                            int64_t end_tap, bool last_piece, acc_t* outer, acc_t* partial, int64_t ldo,
-                           bool first_chunk) {
+                           const acc_t* bias) {
   using Vec = Vectorized<acc_t>;
   constexpr int64_t V = Vec::size();
   Vec chunk[CB][VB];
@@ -75,10 +76,10 @@ inline void multiply_block(const acc_t* w, const acc_t* const* cols, int64_t p, 
     const int64_t t1 = std::min(end_tap, t0 + kBlock);
     // The very first block's chain starts at the running total (the bias), so that a short sum is
     // one fused chain from the bias, rounded once per tap.
-    const bool from_bias = first_chunk && t0 == 0;
+    const bool from_bias = bias && t0 == 0;
     Vec acc[CB][VB];
     for (int c = 0; c < CB; ++c) {
-      for (int v = 0; v < VB; ++v) acc[c][v] = from_bias ? Vec::loadu(outer + c * ldo + v * V) : Vec(acc_t(0));
+      for (int v = 0; v < VB; ++v) acc[c][v] = from_bias ? Vec(bias[c]) : Vec(acc_t(0));
     }
     for (int64_t t = t0; t < t1; ++t) {
       Vec xv[VB];
@@ -99,7 +100,7 @@ inline void multiply_block(const acc_t* w, const acc_t* const* cols, int64_t p, 
       if (!last_piece) {
         chunk[c][v].store(partial + c * ldo + v * V);
       } else {
-        (first_chunk ? chunk[c][v] : Vec::loadu(o) + chunk[c][v]).store(o);
+        (bias ? chunk[c][v] : Vec::loadu(o) + chunk[c][v]).store(o);
       }
     }
   }
@@ -123,7 +124,7 @@ inline void request_inputs(const acc_t* const* cols, int64_t s0, int64_t s1, int
 // blocks, then the last one or two vectors of positions.
 template <typename acc_t, typename BlockWeights>
 void multiply_narrow(int64_t rows, const BlockWeights& block_w, const acc_t* const* cols, int64_t s0, int64_t s1,
-                     bool last, acc_t* outer, acc_t* partial, int64_t ldo, int64_t width, bool first_chunk) {
+                     bool last, acc_t* outer, acc_t* partial, int64_t ldo, int64_t width, const acc_t* bias) {
   constexpr int64_t V = Vectorized<acc_t>::size(), step = 3 * V;
   constexpr int CB = kNarrowBlock;
   int64_t p = 0;
@@ -131,15 +132,15 @@ void multiply_narrow(int64_t rows, const BlockWeights& block_w, const acc_t* con
     if (p + step < width) request_inputs(cols, s0, s1, p + step, step);
     for (int64_t c = 0; c < rows; c += CB) {
       multiply_block<acc_t, CB, 3>(block_w(c), cols, p, s0, s1, last, outer + c * ldo + p, partial + c * ldo + p, ldo,
-                                   first_chunk);
+                                   bias ? bias + c : nullptr);
     }
   }
   for (int64_t c = 0; p < width && c < rows; c += CB) {
     acc_t *oc = outer + c * ldo + p, *pc = partial + c * ldo + p;
     if (width - p == 2 * V) {
-      multiply_block<acc_t, CB, 2>(block_w(c), cols, p, s0, s1, last, oc, pc, ldo, first_chunk);
+      multiply_block<acc_t, CB, 2>(block_w(c), cols, p, s0, s1, last, oc, pc, ldo, bias ? bias + c : nullptr);
     } else {
-      multiply_block<acc_t, CB, 1>(block_w(c), cols, p, s0, s1, last, oc, pc, ldo, first_chunk);
+      multiply_block<acc_t, CB, 1>(block_w(c), cols, p, s0, s1, last, oc, pc, ldo, bias ? bias + c : nullptr);
     }
   }
 }
@@ -151,7 +152,7 @@ void multiply_narrow(int64_t rows, const BlockWeights& block_w, const acc_t* con
 // has outer's shape.
 template <typename acc_t>
 void multiply(int64_t rows, const acc_t* w, int64_t all_taps, int64_t t0, const acc_t* const* cols, int64_t taps,
-              acc_t* outer, acc_t* partial, int64_t ldo, int64_t width, bool first_chunk) {
+              acc_t* outer, acc_t* partial, int64_t ldo, int64_t width, const acc_t* bias) {
   constexpr int64_t V = Vectorized<acc_t>::size(), step = kVectorBlock * V;
   // Block c's weights from the chunk's first tap on.
   const int64_t cb = channel_block(rows);
@@ -160,7 +161,7 @@ void multiply(int64_t rows, const acc_t* w, int64_t all_taps, int64_t t0, const 
     const int64_t s1 = std::min(taps, s0 + kPiece);
     const bool last = s1 == taps;
     if (cb == kNarrowBlock) {
-      multiply_narrow<acc_t>(rows, block_w, cols, s0, s1, last, outer, partial, ldo, width, first_chunk);
+      multiply_narrow<acc_t>(rows, block_w, cols, s0, s1, last, outer, partial, ldo, width, bias);
       continue;
     }
     int64_t p = 0;
@@ -168,11 +169,11 @@ void multiply(int64_t rows, const acc_t* w, int64_t all_taps, int64_t t0, const 
     // multiply-add latency.
     if (rows == 1) {
       for (; p + 6 * V <= width; p += 6 * V) {
-        multiply_block<acc_t, 1, 6>(block_w(0), cols, p, s0, s1, last, outer + p, partial + p, ldo, first_chunk);
+        multiply_block<acc_t, 1, 6>(block_w(0), cols, p, s0, s1, last, outer + p, partial + p, ldo, bias);
       }
     } else if (rows == 2) {
       for (; p + 4 * V <= width; p += 4 * V) {
-        multiply_block<acc_t, 2, 4>(block_w(0), cols, p, s0, s1, last, outer + p, partial + p, ldo, first_chunk);
+        multiply_block<acc_t, 2, 4>(block_w(0), cols, p, s0, s1, last, outer + p, partial + p, ldo, bias);
       }
     }
     for (; p < width; p += step) {
@@ -181,16 +182,17 @@ void multiply(int64_t rows, const acc_t* w, int64_t all_taps, int64_t t0, const 
       int64_t c = 0;
       for (; c + kChannelBlock <= rows; c += kChannelBlock) {
         multiply_block<acc_t, kChannelBlock, kVectorBlock>(block_w(c), cols, p, s0, s1, last, outer + c * ldo + p,
-                                                           partial + c * ldo + p, ldo, first_chunk);
+                                                           partial + c * ldo + p, ldo, bias ? bias + c : nullptr);
       }
       const acc_t* wc = block_w(c);
       acc_t *oc = outer + c * ldo + p, *pc = partial + c * ldo + p;
+      const acc_t* bc = bias ? bias + c : nullptr;
       switch (rows - c) {
-        case 5: multiply_block<acc_t, 5, kVectorBlock>(wc, cols, p, s0, s1, last, oc, pc, ldo, first_chunk); break;
-        case 4: multiply_block<acc_t, 4, kVectorBlock>(wc, cols, p, s0, s1, last, oc, pc, ldo, first_chunk); break;
-        case 3: multiply_block<acc_t, 3, kVectorBlock>(wc, cols, p, s0, s1, last, oc, pc, ldo, first_chunk); break;
-        case 2: multiply_block<acc_t, 2, kVectorBlock>(wc, cols, p, s0, s1, last, oc, pc, ldo, first_chunk); break;
-        case 1: multiply_block<acc_t, 1, kVectorBlock>(wc, cols, p, s0, s1, last, oc, pc, ldo, first_chunk); break;
+        case 5: multiply_block<acc_t, 5, kVectorBlock>(wc, cols, p, s0, s1, last, oc, pc, ldo, bc); break;
+        case 4: multiply_block<acc_t, 4, kVectorBlock>(wc, cols, p, s0, s1, last, oc, pc, ldo, bc); break;
+        case 3: multiply_block<acc_t, 3, kVectorBlock>(wc, cols, p, s0, s1, last, oc, pc, ldo, bc); break;
+        case 2: multiply_block<acc_t, 2, kVectorBlock>(wc, cols, p, s0, s1, last, oc, pc, ldo, bc); break;
+        case 1: multiply_block<acc_t, 1, kVectorBlock>(wc, cols, p, s0, s1, last, oc, pc, ldo, bc); break;
         default: break;
       }
     }

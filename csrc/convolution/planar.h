@@ -195,7 +195,12 @@ void convolve_planar(const Problem& p, const ChassisPlan& plan, const PaddedPlan
       const int64_t width = ((jh1 - jh0) * pl.Wp + block_width - 1) / block_width * block_width;
       const int64_t co0 = chunk * kChannelChunk, rows = std::min(kChannelChunk, Cout_g - co0);
       const acc_t* w = w_rows + g * group_size + plan.phase_offsets[i * n_pw + j] + co0 * taps;
-      for (int64_t c = 0; c < rows; ++c) std::fill_n(outer.get() + c * ld, width, bias[g * Cout_g + co0 + c]);
+      const acc_t* task_bias = bias + g * Cout_g + co0;
+      // No taps (no input channels): the outputs are the bias. Otherwise the first chunk starts
+      // from it (multiply_block).
+      if (taps == 0) {
+        for (int64_t c = 0; c < rows; ++c) std::fill_n(outer.get() + c * ld, width, task_bias[c]);
+      }
       if (in_place) {
         tap_runs<acc_t>(p, pl, ph, pw, reinterpret_cast<const acc_t*>(x + n * xl.n), xl.c, g, runs);
         for (acc_t const*& run : runs) {
@@ -208,7 +213,7 @@ void convolve_planar(const Problem& p, const ChassisPlan& plan, const PaddedPlan
       for (int64_t t0 = 0; t0 < taps; t0 += kTapChunk) {
         const int64_t t1 = std::min(taps, t0 + kTapChunk);
         multiply<acc_t>(rows, w, taps, t0, runs.data() + t0, t1 - t0, outer.get(), partial.get(), ld, width,
-                        t0 == 0);
+                        t0 == 0 ? task_bias : nullptr);
       }
       // Grid position (jh, jw) is output (r_h + out_step_h * jh, r_w + out_step_w * jw).
       const int64_t step = plan.ax_w.out_step * ol.w;
