@@ -33,9 +33,8 @@ inline int64_t channel_block(int64_t rows) {
 
 // Where the weight of (row, tap) of a rows x taps weight matrix lies in the packed weights: rows in
 // tasks of kChannelChunk, each task's rows in channel blocks (the last block holds the rest), each
-// block tap-major, so that the weights one block broadcasts per tap are adjacent. Row-major rows a
-// power of two apart (a 1x1's 256 taps: 1 KiB) fell in a quarter of the L1 sets and were reloaded
-// from L2 for every position block.
+// block tap-major, so that the weights one block broadcasts per tap are adjacent (row-major rows a
+// power of two apart, as a 1x1's 256 taps are, would share a quarter of the L1 sets).
 inline int64_t packed_weight_index(int64_t row, int64_t tap, int64_t rows, int64_t taps) {
   const int64_t task = row / kChannelChunk * kChannelChunk;
   const int64_t cb = channel_block(std::min(kChannelChunk, rows - task));
@@ -44,8 +43,8 @@ inline int64_t packed_weight_index(int64_t row, int64_t tap, int64_t rows, int64
 }
 
 // The distance between the rows of a task's running totals: at least `width`, and an odd number of
-// cache lines, so that rows a power of two apart do not all map to the same few L1 sets (1x1: 64
-// rows 2 KiB apart fell in two sets and every total went to L2 and back).
+// cache lines, so that rows a power of two apart do not all map to the same few L1 sets (64 rows
+// 2 KiB apart would share two). Neither layout change moved a benchmark beyond this machine's noise.
 template <typename acc_t>
 constexpr int64_t staggered_pitch(int64_t width) {
   constexpr int64_t line = 64 / static_cast<int64_t>(sizeof(acc_t));
