@@ -62,6 +62,9 @@ WORKER = MODEL + textwrap.dedent("""
     local = batch(batch_size).chunk(world)[rank].clone()  # a chunk is an offset view: fuel ops take none
     loss(model, local).backward()
     torch.save({name: p.grad for name, p in model.module.named_parameters()}, out)
+    # Both ranks reach here before either tears down: a rank whose peer already closed its gloo pair
+    # can abort in teardown ("terminate called without an active exception", 1 run in 4 on a Zen 5).
+    dist.barrier()
     dist.destroy_process_group()
 """)
 
