@@ -412,6 +412,19 @@ def test_by_name_without_import_and_fuel_inductor_with_warm_caches(tmp_path):
     assert second.splitlines() == first.splitlines()
 
 
+def test_fuel_inductor_training_after_plain_inductor_saw_the_ops(no_calibration, tmp_path, monkeypatch):
+    # Plain inductor, compiling fuel ops first, registers its own implicit fallbacks for them (inputs in
+    # their fake values' stride order); fuel_inductor must still hand the kernels contiguous inputs after that.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    fuel_block = nn.Sequential(fuel_torch.nn.Conv2d(4, 4, 3, padding=1), fuel_torch.nn.Conv2d(4, 4, 3, padding=1))
+    torch._dynamo.reset()
+    plain = torch.compile(fuel_block, backend="inductor")
+    x = torch.randn(2, 4, 8, 8, requires_grad=True)
+    plain(x).sum().backward()
+    assert x.grad is not None
+    test_fuel_inductor_training_matches_eager(no_calibration, tmp_path, monkeypatch)
+
+
 def test_fuel_inductor_training_matches_eager(no_calibration, tmp_path, monkeypatch):
     # Inductor lays out buffers itself: the fuel fallbacks must still get contiguous inputs (the backward
     # split feeds them permuted copies).

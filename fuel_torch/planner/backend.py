@@ -242,13 +242,17 @@ def fuel(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, 
 def _fallbacks_take_contiguous_inputs() -> None:
     """Fuel kernels read contiguous inputs only. Inductor lowers an untagged custom op with the stride order
     of its inputs' fake values, which an upstream buffer (a clone of a permute, say) need not keep; register
-    each fuel op's fallback with inductor's contiguous-strides constraint instead, once."""
+    each fuel op's fallback with inductor's contiguous-strides constraint instead. The constraint is set even
+    where the op already has a lowering: plain inductor, compiling a fuel op first, registers an implicit
+    fallback with the stride-order constraint, which would otherwise stay for the rest of the process."""
     from torch._inductor import lowering
 
     for name in support.FUEL_OPS:
         op = getattr(torch.ops.fuel, name).default
         if op not in lowering.lowerings:
             lowering.make_fallback(op, layout_constraint=lowering.require_contiguous_strides, warn=False)
+        else:
+            lowering.add_layout_constraint(op, lowering.require_contiguous_strides)
 
 
 def fuel_inductor(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, mode: str | None = None):
