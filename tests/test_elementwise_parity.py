@@ -212,6 +212,44 @@ def test_results_do_not_depend_on_thread_count(dtype):
         torch.set_num_threads(previous)
 
 
+def cache_bytes(index: int, fallback: int) -> int:
+    try:
+        with open(f"/sys/devices/system/cpu/cpu0/cache/index{index}/size") as f:
+            return int(f.read().strip().rstrip("K")) * 1024
+    except (OSError, ValueError):
+        return fallback
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float16), ids=str)
+@pytest.mark.parametrize("op", ("add", "maximum", "pow", "rem"))
+def test_streaming_stores_give_the_same_bits(op, dtype):
+    """Working sets past the caches worth keeping are written with non-temporal stores (the rule in
+    elementwise_kernels.cpp: past the threads' L2 on Intel, past half the last-level cache
+    elsewhere). A size past both rules streams on every CPU; its result must equal, bit for bit,
+    the same elements computed in pieces too small to stream, and the oracle."""
+    item = torch.empty(0, dtype=dtype).element_size()
+    threshold = max(cache_bytes(3, 32 << 20) // 2, 2 * cache_bytes(2, 2 << 20))
+    numel = min(threshold // (3 * item) + 4099, 24 << 20)
+    lhs, rhs = random_pair(numel, dtype, 13, op)
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        whole = fuel(op, lhs, rhs)
+        torch.set_num_threads(1)
+        assert bit_equal(whole, fuel(op, lhs, rhs))
+    finally:
+        torch.set_num_threads(previous)
+    piece = 4096 + 3  # 96 KiB at most: below any L2, so these calls store normally
+    pieces = torch.cat([fuel(op, lhs[i:i + piece].clone(), rhs[i:i + piece].clone()) for i in range(0, numel, piece)])
+    assert bit_equal(whole, pieces)
+    if op == "pow":
+        assert_pow_defined(whole, lhs, rhs)
+    elif op == "rem":
+        assert bit_equal(whole, exact_rem(lhs, rhs))
+    else:
+        assert bit_equal(whole, TORCH_EQUIVALENT[op](lhs, rhs) if op == "add" else selection_reference(op, lhs, rhs))
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_subnormals_are_kept(dtype):
     tiny = torch.tensor([torch.finfo(dtype).tiny], dtype=dtype)

@@ -12,6 +12,7 @@
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
+#include <cpuid.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -583,12 +584,17 @@ inline Vectorized<scalar_t> compute(const scalar_t* lhs, const scalar_t* rhs) {
   }
 }
 
-// Non-temporal stores write around the caches. Once a call's working set (lhs, rhs and out) is
-// more than half the last-level cache, its output lines are mostly evicted before anyone reads
-// them anyway (the cache is shared with the other cores, and their own data): streaming saves the
-// read for ownership of every output line and keeps the operands cached (measured at 4M elements:
-// f32 0.98 -> 0.87, f64 1.00 -> 0.90 of torch's time; halves, 24 MB against a 32 MB cache, about
-// 0.8). Smaller working sets are better left in cache for whoever reads the output next.
+// Non-temporal stores write around the caches: they save the read for ownership of every output
+// line and keep the operands cached, but the output then has to come back from memory. They pay
+// once a call's working set (lhs, rhs and out) no longer stays in a cache that serves a core faster
+// than memory does:
+// - AMD (Zen 3, 32 MB L3 per 8 cores): the L3 does. Streaming from half of it on, measured at 4M
+//   elements: f32 0.98 -> 0.87, f64 1.00 -> 0.90 of torch's time; halves (24 MB) about 0.8.
+// - Intel Xeon (Emerald Rapids, 2 MB L2 per core, a 300 MB L3 on the mesh): the L3 serves one core
+//   at about 22 GB/s, no faster than memory, so only the private L2 is worth keeping. Streaming from
+//   a thread's share of the working set above its L2 on, measured with 1 and 2 threads: 3-48 MB
+//   working sets 0.97-1.0 -> 0.66-0.84 of torch's time; in L2 (1.5 MB a thread) streaming is
+//   1.3-1.5x slower, so it stays off there.
 #if defined(CPU_CAPABILITY_AVX512)
 inline void stream(void* p, __m512 v) { _mm512_stream_ps(static_cast<float*>(p), v); }
 inline void stream(void* p, __m512d v) { _mm512_stream_pd(static_cast<double*>(p), v); }
@@ -604,23 +610,48 @@ template <typename V> inline void stream(void* p, const V& v) { v.store(p); }
 constexpr bool kCanStream = false;
 #endif
 
-// The last-level cache of the CPU running this: Linux's cache description of CPU 0 (per cache
-// instance: glibc's sysconf counts every instance of an AMD L3), else sysconf, else 32 MiB.
-inline int64_t last_level_cache_bytes() {
-  static const int64_t bytes = [] {
-    for (const char* path : {"/sys/devices/system/cpu/cpu0/cache/index3/size",
-                             "/sys/devices/system/cpu/cpu0/cache/index2/size"}) {
-      if (FILE* f = std::fopen(path, "r")) {
-        long kib = 0;
-        const bool ok = std::fscanf(f, "%ldK", &kib) == 1 && kib > 0;
-        std::fclose(f);
-        if (ok) return static_cast<int64_t>(kib) * 1024;
-      }
-    }
-    const long size = sysconf(_SC_LEVEL3_CACHE_SIZE);
-    return size > 0 ? static_cast<int64_t>(size) : int64_t(32) << 20;
+struct CacheSizes {
+  int64_t private_bytes = 0;     // the largest cache one core has to itself (L2)
+  int64_t last_level_bytes = 0;  // the last-level cache
+  bool last_level_is_slow = false;  // its bandwidth per core is no better than memory's (Intel's mesh L3)
+};
+
+// Linux's cache description of CPU 0 (per cache instance: glibc's sysconf counts every instance of
+// an AMD L3), else sysconf, else 2 MiB and 32 MiB.
+inline int64_t cache_bytes(const char* path, int64_t fallback) {
+  if (FILE* f = std::fopen(path, "r")) {
+    long kib = 0;
+    const bool ok = std::fscanf(f, "%ldK", &kib) == 1 && kib > 0;
+    std::fclose(f);
+    if (ok) return static_cast<int64_t>(kib) * 1024;
+  }
+  return fallback;
+}
+
+inline bool is_intel() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return false;
+  return ebx == 0x756e6547 && edx == 0x49656e69 && ecx == 0x6c65746e;  // "GenuineIntel"
+}
+
+inline const CacheSizes& cache_sizes() {
+  static const CacheSizes sizes = [] {
+    CacheSizes s;
+    const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    s.private_bytes = cache_bytes("/sys/devices/system/cpu/cpu0/cache/index2/size", int64_t(2) << 20);
+    s.last_level_bytes = cache_bytes("/sys/devices/system/cpu/cpu0/cache/index3/size",
+                                     l3 > 0 ? static_cast<int64_t>(l3) : s.private_bytes);
+    s.last_level_is_slow = is_intel();
+    return s;
   }();
-  return bytes;
+  return sizes;
+}
+
+// Whether a call whose working set is `bytes`, split over `threads` threads, streams its stores.
+inline bool streams(int64_t bytes, int64_t threads) {
+  const CacheSizes& c = cache_sizes();
+  if (c.last_level_is_slow) return bytes > threads * c.private_bytes;
+  return bytes > c.last_level_bytes / 2;
 }
 
 // out[i] = op(lhs[i], rhs[i]) for i in [begin, end): whole vectors, then the tail as one partial
@@ -665,7 +696,9 @@ void binary_kernel(const void* lhs_data, const void* rhs_data, void* out_data, i
   auto* out = static_cast<scalar_t*>(out_data);
   constexpr int64_t V = Vectorized<scalar_t>::size();
   constexpr int64_t grain = std::max<int64_t>(V, kGrainElements / work_per_element<Op>::value / V * V);
-  const bool streaming = kCanStream && 3 * n * static_cast<int64_t>(sizeof(scalar_t)) > last_level_cache_bytes() / 2 &&
+  // The threads at::parallel_for will use: one per grain-sized chunk, at most the pool's.
+  const int64_t threads = n <= grain ? 1 : std::min<int64_t>(at::get_num_threads(), (n + grain - 1) / grain);
+  const bool streaming = kCanStream && streams(3 * n * static_cast<int64_t>(sizeof(scalar_t)), threads) &&
                          reinterpret_cast<uintptr_t>(out) % sizeof(Vectorized<scalar_t>) == 0;
   const auto range = streaming ? run_range<scalar_t, Op, true> : run_range<scalar_t, Op, false>;
   if (n <= grain) {
