@@ -8,6 +8,9 @@
 #include <cstdlib>
 #include <mutex>
 
+#include <ATen/native/CPUBlas.h>
+#include <cpuid.h>
+
 #include "dispatch.h"
 
 namespace fuel {
@@ -129,7 +132,27 @@ Capability capability() {
   return level == kUnchosen ? choose_capability() : static_cast<Capability>(level);
 }
 
+// AMX-BF16 and AMX-TILE (CPUID leaf 7, EDX bits 22 and 24). Linux hands a process the tile state
+// only on request (arch_prctl); oneDNN, behind torch's brgemm, makes it.
+bool cpu_has_amx_bf16() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  return (edx >> 22 & 1) && (edx >> 24 & 1);
+}
+
+bool amx_convolution_enabled() {
+  static const bool enabled = [] {
+    const char* env = std::getenv("FUEL_AMX");
+    if (env && std::string(env) == "0") return false;
+    return cpu_has_amx_bf16() && at::native::cpublas::could_pack(at::kBFloat16);
+  }();
+  return enabled && capability() == Capability::AVX512;
+}
+
 void bind_cpu_capability(pybind11::module_& m) {
+  m.def("amx_convolution", &amx_convolution_enabled,
+        "Whether bfloat16 convolutions run on AMX tiles: this CPU has AMX-BF16, torch's brgemm can use it, the "
+        "kernels run at AVX512 and FUEL_AMX is not 0.");
   m.def("init_cpu_capability", [] { return std::string(capability_name(choose_capability())); },
         "Chooses the kernels' instruction-set level from the CPU and FUEL_CPU_CAPABILITY; raises if the "
         "variable asks for a level that is unknown, not built or beyond this CPU.");

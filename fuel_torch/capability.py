@@ -18,6 +18,13 @@ def cpu_capability() -> str:
     return _C.cpu_capability()
 
 
+def amx_convolution() -> bool:
+    """Whether bfloat16 convolutions run on the AMX tile unit: the CPU has AMX-BF16, torch's brgemm
+    can use it, the kernels run at AVX512, and the environment variable FUEL_AMX is not "0" (set it
+    to 0 to compute them on the chassis instead; read once, at the first convolution)."""
+    return bool(_C.amx_convolution())
+
+
 def supported_capabilities() -> list[str]:
     """Levels this build has and this CPU supports, lowest first (FUEL_CPU_CAPABILITY may name any)."""
     return list(_C.cpu_capabilities())

@@ -6,6 +6,7 @@
 // All read x and write out through their layouts (NCHW or NHWC) and the weight through its strides.
 #pragma once
 
+#include "amx.h"
 #include "chassis.h"
 #include "depthwise.h"
 #include "packing.h"
@@ -32,8 +33,8 @@ void convolve_wide(const Problem& p, const scalar_t* x, const Layout& xl, const 
 }
 
 template <typename scalar_t>
-void convolve_general(const Problem& p, const scalar_t* x, const Layout& xl, const ConvOperands& o,
-                      const scalar_t* bias, scalar_t* out, const Layout& ol) {
+void convolve_on_chassis(const Problem& p, const scalar_t* x, const Layout& xl, const ConvOperands& o,
+                         const scalar_t* bias, scalar_t* out, const Layout& ol) {
   using acc_t = acc_type<scalar_t>;
   Axis ax_h = make_axis(p, 0), ax_w = make_axis(p, 1);
   std::vector<int64_t> offsets = phase_offsets(p, ax_h, ax_w);
@@ -49,6 +50,29 @@ void convolve_general(const Problem& p, const scalar_t* x, const Layout& xl, con
     return convolve_planar<scalar_t>(p, plan, planes, x, xl, w_rows, bias_acc.data(), out, ol);
   }
   convolve_chassis<scalar_t>(p, plan, x, xl, w_rows, bias_acc.data(), out, ol);
+}
+
+// bfloat16 on AMX where it computes the contract's sums (amx.h), image by image; the chassis for
+// every other call and every image the AMX path leaves.
+template <typename scalar_t>
+void convolve_general(const Problem& p, const scalar_t* x, const Layout& xl, const ConvOperands& o,
+                      const scalar_t* bias, scalar_t* out, const Layout& ol) {
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
+    const Axis ax_h = make_axis(p, 0), ax_w = make_axis(p, 1);
+    const PaddedPlanes planes = padded_planes(ax_h, ax_w, kPositions);
+    if (amx_serves<scalar_t>(p, planes)) {
+      const std::vector<char> done = convolve_amx(p, ax_h, ax_w, planes, x, xl, o, bias, out, ol);
+      Problem one = p;
+      one.N = 1;
+      for (int64_t n = 0; n < p.N; ++n) {
+        if (!done[n]) convolve_on_chassis<scalar_t>(one, x + n * xl.n, xl, o, bias, out + n * ol.n, ol);
+      }
+      return;
+    }
+  }
+#endif
+  convolve_on_chassis<scalar_t>(p, x, xl, o, bias, out, ol);
 }
 
 template <typename scalar_t>

@@ -1,0 +1,309 @@
+// The AMX path: bfloat16 convolutions on Intel's tile unit, through torch's brgemm (oneDNN's
+// ukernel, ATen/native/CPUBlas.h), on the planar path's geometry.
+//
+// The input is copied once into the planar path's zero-padded planes (split by stride residue, so
+// every tap steps by 1), but as bfloat16 channel pairs side by side: the VNNI layout in which the
+// tile unit takes its B matrix, k = input channel. A task is a block of kPositions grid positions
+// q = jh * Wp + jw of one phase, for a block of output channels; for each spatial tap in the
+// chassis's order it runs one brgemm, C[co][q] += sum over ci of W_tap[co][ci] * plane[ci][q + shift],
+// where shift is the tap's place in its plane: B is the pair planes read in place. C starts at the
+// bias; the Wp - count columns past each grid row are computed and dropped, as in planar.h.
+//
+// Arithmetic. The tile unit multiplies bfloat16 pairs exactly and adds them in float32, to
+// nearest even, but it treats subnormal inputs as zero and flushes subnormal results (its DAZ and
+// FTZ cannot be turned off). Where neither can happen its sums are the float32 sums the contract
+// bounds: every operand normal or zero, and every partial sum zero or normal, which holds when the
+// smallest product and the bias are multiples of 2^-126 (a nonzero bf16 is a multiple of 2^(e - 7),
+// a product of 2^(ex + ew - 14); every partial sum, exact or rounded to float32, stays a multiple
+// of the smallest such quantum). So the path runs only where, for every nonzero x, weight and bias,
+// no operand is subnormal, ex_min + ew_min >= -112 and eb_min >= -119 (biased: Ex + Ew >= 142,
+// Eb >= 8), checked per image while the planes are filled; an image that fails is computed by the
+// chassis alone, which gives it the bits it would get convolved on its own. The order of each sum
+// is fixed by the geometry: bias, then the taps in order, each tap's channels as the tile unit adds
+// its 32-channel chunks; no thread count or task split changes it.
+#pragma once
+
+#include <ATen/native/CPUBlas.h>
+
+#include <atomic>
+
+#include "axes.h"
+#include "kernel_common.h"
+#include "planar.h"
+
+namespace fuel {
+
+// Whether this CPU and torch build run bfloat16 convolutions on AMX (cpu_capability.cpp): AMX-BF16
+// in the CPU, torch's brgemm able to use it, and FUEL_AMX not "0".
+bool amx_convolution_enabled();
+
+namespace CPU_CAPABILITY {
+
+#if defined(CPU_CAPABILITY_AVX512)
+
+constexpr int64_t kPositions = 64;          // grid positions per task: one brgemm's N
+constexpr int64_t kAmxChannelChunk = 64;   // output channels per task: one brgemm's M
+constexpr int64_t kSmallestEx = 255;        // no nonzero element seen yet
+
+// The smallest biased exponent of the nonzero bfloat16 values in [src, src + n) with `stride`, into
+// emin, and whether any is subnormal, into subnormal.
+inline void scan_exponents(const at::BFloat16* src, int64_t n, int64_t stride, int& emin, bool& subnormal) {
+  const uint16_t* bits = reinterpret_cast<const uint16_t*>(src);
+  int low = emin;
+  bool sub = false;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t b = bits[i * stride];
+    const int e = (b >> 7) & 0xff;
+    const bool nonzero = (b & 0x7fff) != 0;
+    sub |= nonzero && e == 0;
+    low = std::min(low, nonzero ? e : 255);
+  }
+  emin = low;
+  subnormal = subnormal || sub;
+}
+
+// Whether a product of two nonzero normal bf16 values of biased exponents >= ex and >= ew, and a
+// bias of biased exponent >= eb, keep every float32 partial sum zero or normal (see the top).
+inline bool sums_stay_normal(int ex, int ew, int eb) { return ex + ew >= 142 && eb >= 8; }
+
+// Pair planes: for image n, group g, channel pair cp and residue (rh, rw), pl.size positions of two
+// bfloat16 each, channel 2 cp then 2 cp + 1 (zero past the group's channels). Layout
+// [n][g][cp][rh][rw][position][2], so B's pair stride (ld_b) is step_h * step_w * pl.size.
+struct PairPlanes {
+  int64_t pairs = 0, ld_b = 0, image = 0;  // pairs per group; elements: per pair (/2), per image
+};
+
+inline PairPlanes pair_planes(const Problem& p, const PaddedPlanes& pl) {
+  PairPlanes pp;
+  pp.pairs = (p.Cin / p.groups + 1) / 2;
+  pp.ld_b = pl.step_h * pl.step_w * pl.size;
+  pp.image = p.groups * pp.pairs * pp.ld_b * 2;
+  return pp;
+}
+
+// Pairs (s0[j * step], s1[j * step]) into dst[0, n) (s1 null: zeros), folding their exponents into
+// emin and subnormal as scan_exponents does. The common row (stride 1 along it, NCHW) goes 16
+// pairs to an instruction group, its tail under a mask; the rest one by one.
+inline void interleave_row(const uint16_t* s0, const uint16_t* s1, int64_t step, int64_t n, uint32_t* dst, int& emin,
+                           bool& subnormal) {
+  if (step != 1) {
+    for (int64_t j = 0; j < n; ++j) {
+      const uint16_t a = s0[j * step], b = s1 ? s1[j * step] : 0;
+      dst[j] = uint32_t(a) | (uint32_t(b) << 16);
+      scan_exponents(reinterpret_cast<const at::BFloat16*>(dst + j), 2, 1, emin, subnormal);
+    }
+    return;
+  }
+  const __m512i mantissa = _mm512_set1_epi32(0x7fff), exponent = _mm512_set1_epi32(0xff);
+  __m512i low = _mm512_set1_epi32(emin);
+  __mmask16 sub = 0;
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 lanes = n - j >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - j)) - 1);
+    const __m512i a = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(lanes, s0 + j));
+    const __m512i b = s1 ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(lanes, s1 + j)) : _mm512_setzero_si512();
+    _mm512_mask_storeu_epi32(dst + j, lanes, _mm512_or_si512(a, _mm512_slli_epi32(b, 16)));
+    for (const __m512i& v : {a, b}) {
+      const __mmask16 nonzero = _mm512_test_epi32_mask(v, mantissa);  // masked-off lanes load as zero
+      const __m512i e = _mm512_and_si512(_mm512_srli_epi32(v, 7), exponent);
+      low = _mm512_mask_min_epi32(low, nonzero, low, e);
+      sub |= _mm512_mask_cmpeq_epi32_mask(nonzero, e, _mm512_setzero_si512());
+    }
+  }
+  emin = _mm512_reduce_min_epi32(low);
+  subnormal = subnormal || sub != 0;
+}
+
+// Fills the pair planes of every image and records, per image, the smallest biased exponent of its
+// nonzero elements and whether any is subnormal.
+inline void fill_pair_planes(const Problem& p, const PaddedPlanes& pl, const PairPlanes& pp, const at::BFloat16* x,
+                             const Layout& xl, uint32_t* planes, std::vector<int>& emin, std::vector<char>& subnormal) {
+  const int64_t Cin_g = p.Cin / p.groups, residues = pl.step_h * pl.step_w;
+  const int64_t items_per_image = p.groups * pp.pairs * residues;
+  std::vector<std::atomic<int>> low(p.N);
+  std::vector<std::atomic<char>> sub(p.N);
+  for (int64_t n = 0; n < p.N; ++n) low[n] = kSmallestEx, sub[n] = 0;
+  const uint16_t* xb = reinterpret_cast<const uint16_t*>(x);
+  at::parallel_for(0, p.N * items_per_image, std::max<int64_t>(1, (1 << 13) / pl.size), [&](int64_t first, int64_t last) {
+    for (int64_t item = first; item < last; ++item) {
+      const int64_t n = item / items_per_image, rest = item % items_per_image;
+      const int64_t residue = rest % residues, cp = rest / residues % pp.pairs, g = rest / residues / pp.pairs;
+      const int64_t rh = residue / pl.step_w, rw = residue % pl.step_w;
+      const uint16_t* src0 = xb + n * xl.n + (g * Cin_g + 2 * cp) * xl.c;
+      const uint16_t* src1 = 2 * cp + 1 < Cin_g ? src0 + xl.c : nullptr;
+      uint32_t* dst = planes + (n * pp.image) / 2 + ((g * pp.pairs + cp) * residues + residue) * pl.size;
+      // Plane column j reads input column step_w * (j + min_w) + rw, inside [0, W) for j in [lo, hi).
+      const int64_t lo = std::clamp<int64_t>(-floor_div(rw + pl.step_w * pl.min_w, pl.step_w), 0, pl.Wp);
+      const int64_t hi = std::clamp<int64_t>(floor_div(p.W - 1 - rw, pl.step_w) - pl.min_w + 1, lo, pl.Wp);
+      const int64_t step = pl.step_w * xl.w;
+      int e_low = kSmallestEx;
+      bool any_sub = false;
+      for (int64_t i = 0; i < pl.Hp; ++i) {
+        uint32_t* row = dst + i * pl.Wp;
+        const int64_t ih = pl.step_h * (i + pl.min_h) + rh;
+        if (ih < 0 || ih >= p.H) {
+          std::fill_n(row, pl.Wp, 0u);
+          continue;
+        }
+        std::fill_n(row, lo, 0u);
+        const int64_t begin = ih * xl.h + (pl.step_w * (lo + pl.min_w) + rw) * xl.w;
+        interleave_row(src0 + begin, src1 ? src1 + begin : nullptr, step, hi - lo, row + lo, e_low, any_sub);
+        std::fill_n(row + hi, pl.Wp - hi, 0u);
+      }
+      std::fill_n(dst + pl.Hp * pl.Wp, pl.size - pl.Hp * pl.Wp, 0u);
+      int seen = low[n].load();
+      while (e_low < seen && !low[n].compare_exchange_weak(seen, e_low)) {
+      }
+      if (any_sub) sub[n] = 1;
+    }
+  });
+  emin.assign(p.N, kSmallestEx);
+  subnormal.assign(p.N, 0);
+  for (int64_t n = 0; n < p.N; ++n) emin[n] = low[n].load(), subnormal[n] = sub[n].load();
+}
+
+// The weights as one [Cout_g][2 * pairs] bfloat16 matrix (brgemm's A, row-major) per group, phase
+// and spatial tap, in the chassis's tap order; zero past the group's input channels.
+struct TapWeights {
+  std::vector<at::BFloat16> data;
+  std::vector<int64_t> phase_start;  // first tap matrix of phase (i, j), per group
+  int64_t taps_per_group = 0, matrix = 0;
+  int emin = kSmallestEx;
+  bool subnormal = false;
+};
+
+inline TapWeights pack_tap_weights(const Problem& p, const Axis& ax_h, const Axis& ax_w, const PairPlanes& pp,
+                                   const at::BFloat16* w, const int64_t* ws) {
+  const int64_t G = p.groups, Cin_g = p.Cin / G, Cout_g = p.Cout / G, K = 2 * pp.pairs;
+  TapWeights tw;
+  tw.matrix = Cout_g * K;
+  for (const Phase& ph : ax_h.phases) {
+    for (const Phase& pw : ax_w.phases) {
+      tw.phase_start.push_back(tw.taps_per_group);
+      tw.taps_per_group += static_cast<int64_t>(ph.taps.size() * pw.taps.size());
+    }
+  }
+  tw.data.assign(G * tw.taps_per_group * tw.matrix, at::BFloat16(0.f));
+  for (int64_t g = 0; g < G; ++g) {
+    int64_t t = g * tw.taps_per_group;
+    for (const Phase& ph : ax_h.phases) {
+      for (const Phase& pw : ax_w.phases) {
+        for (const Tap& a : ph.taps) {
+          for (const Tap& b : pw.taps) {
+            at::BFloat16* dst = tw.data.data() + t++ * tw.matrix;
+            for (int64_t co = 0; co < Cout_g; ++co) {
+              for (int64_t ci = 0; ci < Cin_g; ++ci) {
+                const int64_t row = p.transpose ? (g * Cin_g + ci) * ws[0] + co * ws[1]
+                                                : (g * Cout_g + co) * ws[0] + ci * ws[1];
+                dst[co * K + ci] = w[row + a.k * ws[2] + b.k * ws[3]];
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  scan_exponents(tw.data.data(), static_cast<int64_t>(tw.data.size()), 1, tw.emin, tw.subnormal);
+  return tw;
+}
+
+// Whether the AMX path serves this call: bfloat16, enough channels to fill the tiles, and padded
+// planes of modest size. (Depthwise calls never reach here.)
+template <typename scalar_t>
+bool amx_serves(const Problem& p, const PaddedPlanes& pl) {
+  if constexpr (!std::is_same_v<scalar_t, at::BFloat16>) {
+    return false;
+  } else {
+    const int64_t Cin_g = p.Cin / p.groups, Cout_g = p.Cout / p.groups;
+    return Cin_g >= 16 && Cout_g >= 16 && planes_fit<float>(p, pl) && amx_convolution_enabled();
+  }
+}
+
+// Computes the images whose operands pass the exponent rule on AMX; returns, per image, whether it
+// did (the caller computes the others).
+inline std::vector<char> convolve_amx(const Problem& p, const Axis& ax_h, const Axis& ax_w, const PaddedPlanes& pl,
+                                      const at::BFloat16* x, const Layout& xl, const ConvOperands& o,
+                                      const at::BFloat16* bias, at::BFloat16* out, const Layout& ol) {
+  namespace cpublas = at::native::cpublas;
+  const PairPlanes pp = pair_planes(p, pl);
+  const TapWeights tw = pack_tap_weights(p, ax_h, ax_w, pp, static_cast<const at::BFloat16*>(o.weight), o.weight_strides);
+  int eb = kSmallestEx;
+  bool bias_subnormal = false;
+  if (bias) scan_exponents(bias, p.Cout, 1, eb, bias_subnormal);
+  std::vector<char> done(p.N, 0);
+  if (tw.subnormal || bias_subnormal) return done;
+  const auto planes = scratch<uint32_t>(p.N * pp.image / 2);
+  std::vector<int> emin;
+  std::vector<char> subnormal;
+  fill_pair_planes(p, pl, pp, x, xl, planes.get(), emin, subnormal);
+  for (int64_t n = 0; n < p.N; ++n) done[n] = !subnormal[n] && sums_stay_normal(emin[n], tw.emin, eb);
+
+  const int64_t G = p.groups, Cout_g = p.Cout / G, K = 2 * pp.pairs, residues = pl.step_h * pl.step_w;
+  const int64_t n_ph = static_cast<int64_t>(ax_h.phases.size()), n_pw = static_cast<int64_t>(ax_w.phases.size());
+  const int64_t co_chunks = (Cout_g + kAmxChannelChunk - 1) / kAmxChannelChunk;
+  int64_t max_positions = 1;
+  for (const Phase& ph : ax_h.phases) max_positions = std::max(max_positions, ph.count * pl.Wp);
+  const int64_t blocks = (max_positions + kPositions - 1) / kPositions;
+  std::vector<float> bias_f(p.Cout, 0.f);
+  for (int64_t c = 0; bias && c < p.Cout; ++c) bias_f[c] = static_cast<float>(bias[c]);
+
+  at::parallel_for(0, p.N * G * n_ph * n_pw * blocks * co_chunks, 1, [&](int64_t first_task, int64_t last_task) {
+    const auto acc = scratch<float>(kAmxChannelChunk * kPositions);
+    for (int64_t task = first_task; task < last_task; ++task) {
+      int64_t rest = task;
+      const int64_t chunk = rest % co_chunks; rest /= co_chunks;
+      const int64_t block = rest % blocks; rest /= blocks;
+      const int64_t j = rest % n_pw; rest /= n_pw;
+      const int64_t i = rest % n_ph; rest /= n_ph;
+      const int64_t g = rest % G, n = rest / G;
+      if (!done[n]) continue;
+      const Phase &ph = ax_h.phases[i], &pw = ax_w.phases[j];
+      const int64_t q0 = block * kPositions, q1 = std::min(ph.count * pl.Wp, q0 + kPositions);
+      if (q0 >= q1) continue;  // a phase with fewer grid rows than the longest
+      const int64_t co0 = chunk * kAmxChannelChunk, rows = std::min(kAmxChannelChunk, Cout_g - co0);
+      float* c = acc.get();
+      for (int64_t r = 0; r < rows; ++r) std::fill_n(c + r * kPositions, kPositions, bias_f[g * Cout_g + co0 + r]);
+      const uint32_t* image = planes.get() + n * pp.image / 2 + g * pp.pairs * pp.ld_b;
+      const at::BFloat16* a_tap = tw.data.data() + (g * tw.taps_per_group + tw.phase_start[i * n_pw + j]) * tw.matrix +
+                                  co0 * K;
+      for (const Tap& a : ph.taps) {
+        const Split sa = split(a.offset, pl.step_h);
+        for (const Tap& b : pw.taps) {
+          const Split sb = split(b.offset, pl.step_w);
+          const uint32_t* run = image + (sa.r * pl.step_w + sb.r) * pl.size + (sa.q - pl.min_h) * pl.Wp +
+                                (sb.q - pl.min_w) + q0;
+          // N is always kPositions: a short last block reads into the planes' slack and its extra
+          // columns are dropped, so every task runs one kernel shape.
+          cpublas::brgemm(rows, kPositions, K, K, pp.ld_b, kPositions, true, a_tap,
+                          reinterpret_cast<const at::BFloat16*>(run), c, true);
+          a_tap += tw.matrix;
+        }
+      }
+      // Grid position q = jh * Wp + jw is output (r_h + out_step_h * jh, r_w + out_step_w * jw).
+      const int64_t step = ax_w.out_step * ol.w;
+      for (int64_t q = q0; q < q1;) {
+        const int64_t jh = q / pl.Wp, jw = q % pl.Wp, run_end = std::min(q1, (jh + 1) * pl.Wp);
+        const int64_t count = std::max<int64_t>(0, std::min(run_end - q, pw.count - jw));
+        for (int64_t r = 0; count > 0 && r < rows; ++r) {
+          at::BFloat16* dst = out + n * ol.n + (g * Cout_g + co0 + r) * ol.c + (ph.r + ax_h.out_step * jh) * ol.h +
+                              (pw.r + ax_w.out_step * jw) * ol.w;
+          store_row<at::BFloat16>(c + r * kPositions + (q - q0), dst, step, count);
+        }
+        q = run_end;
+      }
+    }
+    cpublas::brgemm_release(true);
+  });
+  return done;
+}
+
+#else
+
+template <typename scalar_t>
+bool amx_serves(const Problem&, const PaddedPlanes&) {
+  return false;
+}
+
+#endif
+
+}  // namespace CPU_CAPABILITY
+}  // namespace fuel

@@ -1,0 +1,160 @@
+"""The AMX path of the bfloat16 convolutions (csrc/convolution/amx.h).
+
+Where the CPU has AMX-BF16 (and torch's brgemm can use it), bfloat16 convolutions with at least 16
+input and 16 output channels per group run on the tile unit. The tile unit treats subnormal inputs
+as zero and flushes subnormal results, so the path is taken only for images whose operands keep
+every partial sum normal (the exponent rule in amx.h); the others go to the chassis. Here:
+
+- values against the float64 reference with the contract's bfloat16 claim (test_convolution's
+  check_values), over geometries that reach every part of the path: stride and dilation (residue
+  planes), conv_transpose2d (phases), groups, odd channel counts (a half-empty channel pair),
+  output channels past one 64-channel task, channels_last operands, no bias;
+- the exponent rule: operands the tile unit would flush (subnormal inputs, weights or biases, and
+  products or sums below float32's normal range) give the chassis's exact results, image by image;
+- determinism: the same bits on every call, for every thread count, and per image as if alone;
+- the same suite with FUEL_AMX=0 (the chassis) in a child process, and the switch itself.
+
+On a CPU without AMX every test here runs on the chassis and checks the same claims.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import fuel_torch
+from fuel_torch import reference
+
+from test_convolution import API, check_values, operands
+
+TESTS = Path(__file__).parent
+
+
+def cpu_flags() -> set[str]:
+    with open("/proc/cpuinfo") as info:
+        for line in info:
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def test_the_switch_follows_the_cpu_and_fuel_amx():
+    # torch's brgemm must be able to use the tile unit too; on every CPU with AMX it can.
+    available = {"amx_bf16", "amx_tile"} <= cpu_flags() and fuel_torch.cpu_capability() == "AVX512"
+    assert fuel_torch.amx_convolution() is (available and os.environ.get("FUEL_AMX") != "0")
+    code = "import fuel_torch; print(fuel_torch.amx_convolution())"
+    for setting, want in (("0", False), ("1", available)):
+        env = {**os.environ, "FUEL_AMX": setting}
+        result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.split() == [str(want)]
+
+
+# (op, n, cin, cout, groups, kernel, spatial, geometry, bias)
+CASES = [
+    ("conv2d", 2, 64, 64, 1, (3, 3), (14, 15), {"padding": 1}, True),
+    ("conv2d", 2, 32, 48, 1, (3, 3), (13, 12), {"stride": 2, "padding": 1}, True),
+    ("conv2d", 1, 24, 40, 1, (3, 3), (12, 11), {"padding": 2, "dilation": 2}, False),
+    ("conv2d", 2, 17, 20, 1, (3, 2), (9, 8), {"padding": (1, 0)}, True),
+    ("conv2d", 2, 64, 32, 2, (3, 3), (10, 9), {"padding": 1, "groups": 2}, True),
+    ("conv2d", 1, 256, 70, 1, (1, 1), (7, 9), {}, True),
+    ("conv2d", 1, 32, 130, 1, (5, 5), (11, 10), {"stride": (2, 1), "padding": 2}, True),
+    ("conv_transpose2d", 2, 32, 24, 1, (4, 4), (7, 6), {"stride": 2, "padding": 1}, True),
+    ("conv_transpose2d", 1, 48, 32, 1, (3, 3), (9, 8), {"padding": 1}, False),
+    ("conv_transpose2d", 1, 32, 36, 2, (3, 3), (6, 7), {"stride": 2, "padding": 1, "output_padding": 1, "groups": 2},
+     True),
+]
+FORMATS = {"contiguous": torch.contiguous_format, "channels_last": torch.channels_last}
+
+
+@pytest.mark.parametrize("x_format", FORMATS)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[2]}x{c[3]}-g{c[4]}-{c[5]}-{c[7]}")
+def test_values_within_the_contract(case, x_format):
+    op, n, cin, cout, groups, kernel, spatial, geometry, bias = case
+    generator = torch.Generator().manual_seed(cin * cout)
+    x, w, b = operands(op, n, cin, cout, groups, kernel, spatial, bias, torch.bfloat16, generator)
+    x = x.contiguous(memory_format=FORMATS[x_format])
+    ours = API[op](x, w, b, **geometry)
+    assert ours.is_contiguous(memory_format=FORMATS[x_format])
+    check_values(op, ours.contiguous(), x.contiguous(), w, b, geometry)
+
+
+def test_channels_last_weight():
+    generator = torch.Generator().manual_seed(3)
+    x, w, b = operands("conv2d", 2, 32, 32, 1, (3, 3), (9, 9), True, torch.bfloat16, generator)
+    ours = fuel_torch.conv2d(x, w.contiguous(memory_format=torch.channels_last), b, padding=1)
+    assert reference.bit_equal(ours.contiguous(), fuel_torch.conv2d(x, w, b, padding=1))
+
+
+def exact_result(op, x, w, b, geometry):
+    exact, _ = fuel_torch.convolution.float64_reference(op, x, w, b, **geometry)
+    return exact
+
+
+def scaled_case(x_scale: float, w_scale: float, bias_value: float | None):
+    """A 3x3 conv of 32 -> 32 channels on values of magnitudes 1..2 times the scales (powers of two,
+    so every operand and product is exact), bias bias_value."""
+    generator = torch.Generator().manual_seed(17)
+    x = (torch.rand(2, 32, 6, 6, generator=generator, dtype=torch.float64) + 1) * x_scale
+    w = (torch.rand(32, 32, 3, 3, generator=generator, dtype=torch.float64) + 1) * w_scale
+    b = None if bias_value is None else torch.full((32,), bias_value, dtype=torch.float64)
+    return x.bfloat16(), w.bfloat16(), None if b is None else b.bfloat16()
+
+
+@pytest.mark.parametrize("x_scale,w_scale,bias_value", [
+    pytest.param(2.0**-130, 2.0**8, None, id="subnormal inputs"),
+    pytest.param(2.0**4, 2.0**-132, None, id="subnormal weights"),
+    pytest.param(2.0**-70, 2.0**-62, None, id="products below float32's normal range"),
+    pytest.param(0.0, 1.0, 2.0**-127, id="a subnormal bias and no input: the outputs are the bias"),
+])
+def test_operands_the_tile_unit_would_flush_keep_their_value(x_scale, w_scale, bias_value):
+    """The tile unit would return zero for each of these; the contract's sums do not."""
+    x, w, b = scaled_case(x_scale, w_scale, bias_value)
+    ours = fuel_torch.conv2d(x, w, b, padding=1)
+    exact = exact_result("conv2d", x, w, b, {"padding": 1})
+    assert (exact.abs() > 0).all() and (ours.double().abs() > 0).all()
+    check_values("conv2d", ours, x, w, b, {"padding": 1})
+
+
+def test_an_image_that_fails_the_rule_leaves_the_others_on_the_path():
+    """Per image: the image with subnormal inputs is computed as it would be alone, and so is the
+    ordinary one next to it."""
+    x, w, b = scaled_case(1.0, 2.0**8, None)
+    x[1] = x[1] * 2.0**-130  # subnormal in bfloat16; its products with the weights are normal
+    whole = fuel_torch.conv2d(x, w, b, padding=1)
+    for i in range(2):
+        assert reference.bit_equal(whole[i:i + 1], fuel_torch.conv2d(x[i:i + 1].clone(), w, b, padding=1)), i
+    check_values("conv2d", whole, x, w, b, {"padding": 1})
+    assert (whole[1].double().abs() > 0).all()  # the tile unit would have read image 1 as zeros
+
+
+@pytest.mark.parametrize("op", ("conv2d", "conv_transpose2d"))
+def test_deterministic_across_calls_threads_and_batches(op):
+    generator = torch.Generator().manual_seed(23)
+    geometry = {"padding": 1, "stride": 2} if op == "conv2d" else {"padding": 1, "stride": 2, "output_padding": 1}
+    x, w, b = operands(op, 3, 64, 80, 1, (3, 3), (17, 19), True, torch.bfloat16, generator)
+    first = API[op](x, w, b, **geometry)
+    assert all(reference.bit_equal(API[op](x, w, b, **geometry), first) for _ in range(5))
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2, 3):
+            torch.set_num_threads(count)
+            assert reference.bit_equal(API[op](x, w, b, **geometry), first), count
+    finally:
+        torch.set_num_threads(threads)
+    for i in range(3):
+        assert reference.bit_equal(first[i:i + 1], API[op](x[i:i + 1].clone(), w, b, **geometry)), i
+
+
+def test_the_suite_passes_on_the_chassis_too():
+    env = {**os.environ, "FUEL_AMX": "0"}
+    args = ["-q", "-x", "-p", "no:cacheprovider", str(TESTS / "test_convolution_amx.py"), "-k",
+            "not the_suite_passes_on_the_chassis"]
+    result = subprocess.run([sys.executable, "-c", f"import sys, pytest; sys.exit(pytest.main({args!r}))"],
+                            env=env, cwd=TESTS, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout.splitlines()[-1], result.stdout[-500:]
