@@ -41,7 +41,7 @@ namespace CPU_CAPABILITY {
 
 #if defined(CPU_CAPABILITY_AVX512)
 
-constexpr int64_t kPositions = 64;          // grid positions per task: one brgemm's N
+constexpr int64_t kPositions = 128;         // grid positions per task: one brgemm's N
 constexpr int64_t kAmxChannelChunk = 64;   // output channels per task: one brgemm's M
 constexpr int64_t kSmallestEx = 255;        // no nonzero element seen yet
 
