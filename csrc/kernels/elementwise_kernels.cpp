@@ -86,7 +86,7 @@ struct Div {
 // float (a float ulp is at least 6e-8 relative), so within 1 ulp of the correctly rounded result.
 // The halves (widened to float): the same evaluated in float, ample for their one rounding (see
 // exp2_of_product_in_float). double: pow_double.h's table-driven core (within 0.51 ulp; its
-// AVX-512 variant, pow_double_avx512.h, within 0.56).
+// AVX-512 variant, pow_double_avx512.h, within 0.61).
 
 // Lane reinterpretation and float <-> double conversion, which Vectorized has no cheap portable
 // form of; each level spells them with its own instructions.

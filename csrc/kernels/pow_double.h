@@ -27,7 +27,7 @@
 // transpose, DEFAULT spells every helper as a per-lane loop (std::fma there: the error-free steps
 // need a fused multiply-add at every level).
 //
-// AVX-512 has a variant of its own, pow_double_avx512.h (same contract, within 0.56 ulp measured):
+// AVX-512 has a variant of its own, pow_double_avx512.h (same contract, within 0.61 ulp measured):
 // 32- and 16-row tables looked up in registers by permutes, where 128-row gathers took about half
 // of this core's time on Intel's AVX-512 parts, and vgetmantpd/vgetexppd/vscalefpd for the
 // reduction and the result. The code below is compiled at the other levels only.

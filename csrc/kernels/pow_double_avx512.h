@@ -27,24 +27,26 @@
 //
 // Error budget, in ulps of the result (u = 2^-53; an error of e relative to the value is at most
 // e / u ulp), before the result's one rounding (0.5 ulp):
-//   log x = log_hi + lo, relative to log x. The r^3 P term carries nearly all of it: its value is
-//   rounded in ar2 and ar3 (2u), in P (2u) and in the sum into lo (1u), so its error is below
-//   5u |r^3/3|, and |r^3/3| / |log x| <= 2^-13.44 over the rows (printed by the script: row 1, x
+//   log x = log_hi + lo, relative to log x. The r^3 P term carries nearly all of it: ar3 is
+//   rounded once (1u), the fma that adds ar3 times P's constant term once (1u), and P's other
+//   terms, 2^-6 of the whole at most, add their few roundings at that scale (0.1u): 2.1u of
+//   |r^3/3|, and |r^3/3| / |log x| <= 2^-13.44 over the rows (printed by the script: row 1, x
 //   just above 1 + 2^-6, |r| up to 2^-5.96 against log x >= 2^-6.01; row 0, where log x ~ r, has
-//   r^2/3 <= 2^-13.58): 5 * 2^-13.44 u = 2^-11.12 u. P's fit (its coefficients as doubles) adds
-//   2^-67.9 of log1p(r), lo1..lo4 and their sums 2^-80, the tables' tails 2^-97; the Fast2Sum that
-//   renormalizes at the end is exact. Together below 2^-11.1 u relative to log x.
+//   r^2/3 <= 2^-13.58), so 2^-12.37 u. P's fit (its coefficients as doubles) adds 2^-67.9 of
+//   log1p(r), 2^-14.9 u; lo1..lo4 and their sums 2^-80, the tables' tails 2^-97; the Fast2Sum
+//   that renormalizes at the end is exact. Together below 2^-12.1 u relative to log x.
 //   y log x: where the result is finite, non-zero and normal, |y log x| < 710, so the log's
-//   error is below 710 * 2^-11.1 u = 0.33 ulp of the result (the products y log_hi and y lo are
+//   error is below 710 * 2^-12.1 u = 0.17 ulp of the result (the products y log_hi and y lo are
 //   exact inside their fmas). Subnormal results (|y log x| up to 745) are rounded once on their
-//   own grid (edge_lanes), with a smaller relative error against a coarser ulp.
-//   exp: r' rounded three times (|r'| < 2^-5: u/64 each), r' + tail and tmp once each (u/64
-//   each), Q's fit 2^-65 (u/4096), r'^2's rounding in r'^2 Q (r'^2 Q < 2^-12: u/4096), T's tail
-//   2^-106: below 5u/64 + u/2048 = 0.08u relative, 0.08 ulp.
-//   Total below 0.5 + 0.33 + 0.08 = 0.91 ulp as the sum of worst cases, which do not coincide:
-//   the largest measured is 0.585 ulp (x = 0x1.03d27d5319fb7p+0, y = -0x1.74de2825fce7ap+15: row
-//   0, |r| = 2^-6.07, y log x = -705.6), 0.56 away from x near 1 (10^7 inputs over the exponent range, subnormal bases
-//   and results, overflow, x near 1 with large y, integer y).
+//   own grid (edge_lanes), whose ulp is at least 2^-52 of them: below 0.09 ulp there.
+//   exp: r' rounded once (|r'| < 2^-5: u/64; its small part's roundings 2^-90), r' + tail and tmp
+//   once each (u/64 each), Q's fit 2^-65 (u/4096), r'^2's rounding in r'^2 Q (r'^2 Q < 2^-12:
+//   u/4096), T's tail 2^-106: below 3u/64 + u/2048 = 0.05u relative, 0.05 ulp.
+//   Total below 0.5 + 0.17 + 0.05 = 0.72 ulp. Measured against long double powl: 0.605 ulp at most,
+//   near x = 1 + 2^-6 (row 1's lower end) with y log x ~ -705 (8 * 10^6 inputs aimed there: x
+//   within 0.004 of rows 0 and 1's edges, |y log x| 690-709.7), 0.536 away from x ~ 1 (4 * 10^6
+//   inputs each: bases over the whole exponent range, subnormal bases and results, overflow,
+//   integer y, small y).
 #pragma once
 
 #include <ATen/cpu/vec/vec.h>
@@ -179,17 +181,19 @@ inline __m512d core(__m512d x, __m512d y) {
   const __m512d hi = _mm512_add_pd(t2, ar2);
   const __m512d lo3 = _mm512_fmsub_pd(ar, r, ar2);
   const __m512d lo4 = _mm512_add_pd(_mm512_sub_pd(t2, hi), ar2);
-  // + r^3 P(r) = ar3 P', P' in Estrin's scheme over r and ar2.
-  const __m512d ar3 = _mm512_mul_pd(r, ar2);
+  // + r^3 P(r) = ar3 P', P' in Estrin's scheme over r and ar2, its constant term (-2/3, nearly all
+  // of it) multiplied in apart, last, so that P's roundings reach only the rest (2^-6 of it).
+  // ar3 = -r^3/2 rounded once: r (ar2 + lo3), lo3 being ar2's rounding error.
+  const __m512d ar3 = _mm512_fmadd_pd(r, ar2, _mm512_mul_pd(r, lo3));
   const __m512d s2 = _mm512_mul_pd(ar2, ar2);
-  const __m512d p01 = _mm512_fmadd_pd(r, set(scaled(1)), set(scaled(0)));
+  const __m512d p01 = _mm512_mul_pd(r, set(scaled(1)));
   const __m512d p23 = _mm512_fmadd_pd(r, set(scaled(3)), set(scaled(2)));
   const __m512d p45 = _mm512_fmadd_pd(r, set(scaled(5)), set(scaled(4)));
   const __m512d p67 = _mm512_fmadd_pd(r, set(scaled(7)), set(scaled(6)));
   const __m512d p = _mm512_fmadd_pd(s2, _mm512_fmadd_pd(ar2, p67, p45), _mm512_fmadd_pd(ar2, p23, p01));
   const __m512d lo_sum = _mm512_add_pd(_mm512_add_pd(lo1, lo2), _mm512_add_pd(lo3, lo4));
-  const __m512d lo_unnormalized = _mm512_fmadd_pd(ar3, p, lo_sum);
-  // Renormalized: lo holds r^3 P (up to 2^-18.4), which must not be left out of y hi, the value
+  const __m512d lo_unnormalized = _mm512_fmadd_pd(ar3, set(scaled(0)), _mm512_fmadd_pd(ar3, p, lo_sum));
+  // Renormalized: lo holds r^3 P (up to 2^-18.4), which must not be left out of log_hi, the value
   // the exp's reduction is taken from (|r'| would leave Q's interval).
   const __m512d log_hi = _mm512_add_pd(hi, lo_unnormalized);
   const __m512d lo = _mm512_add_pd(_mm512_sub_pd(hi, log_hi), lo_unnormalized);
@@ -198,9 +202,11 @@ inline __m512d core(__m512d x, __m512d y) {
   const __m512d ehi = _mm512_mul_pd(y, log_hi);
   const __m512d shifted = _mm512_fmadd_pd(ehi, set(kInvLn2N), set(kShift));
   const __m512d kd = _mm512_sub_pd(shifted, set(kShift));
-  __m512d rr = _mm512_fmsub_pd(y, log_hi, _mm512_mul_pd(kd, set(kLn2HiN)));  // y log_hi exact inside the fma
-  rr = _mm512_fnmadd_pd(kd, set(kLn2LoN), rr);
-  rr = _mm512_fmadd_pd(y, lo, rr);
+  // r' = (ehi - kd ln2hi/16) + (the product's error + y lo - kd ln2lo/16): the first exact (kd
+  // ln2hi/16 is, and within 2^-5 of ehi), the second summed beside it (below 2^-40, its
+  // roundings 2^-90), so r' is rounded once.
+  const __m512d small = _mm512_fnmadd_pd(kd, set(kLn2LoN), _mm512_fmadd_pd(y, lo, _mm512_fmsub_pd(y, log_hi, ehi)));
+  const __m512d rr = _mm512_add_pd(_mm512_fnmadd_pd(kd, set(kLn2HiN), ehi), small);
   const __m512i j = _mm512_castpd_si512(shifted);  // kd mod 16 in the low 4 bits
   const __m512d t = lookup16(kExp2, j);
   const __m512d t_tail = lookup16(kExp2Tail, j);
