@@ -233,7 +233,7 @@ inline __m512d core(__m512d x, __m512d y) {
 // lanes the core alone gets right, so the caller can skip its special cases (one vfpclasspd each:
 // NaN, zeros, infinities, negative for x; NaN and infinities for y).
 inline bool all_ordinary(__m512d x, __m512d y) {
-  return (_mm512_fpclass_pd_mask(x, 0xdf) | _mm512_fpclass_pd_mask(y, 0x99)) == 0;
+  return _kortestz_mask8_u8(_mm512_fpclass_pd_mask(x, 0xdf), _mm512_fpclass_pd_mask(y, 0x99));
 }
 
 }  // namespace pow_double_avx512
