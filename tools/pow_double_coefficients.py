@@ -1,8 +1,11 @@
-"""The tables and polynomial coefficients of the AVX-512 float64 pow core in csrc/kernels/pow_double.h
-(pow_double_core's AVX-512 variant: 32-row log table, 16-row exp table, looked up by permutes).
+"""The tables and polynomial coefficients of the AVX-512 float64 pow core,
+csrc/kernels/pow_double_avx512.h (pow_double_core's variant at that level: a 32-row log table and a
+16-row exp table, looked up by permutes).
 
-Run with python3 and mpmath: prints the C++ constants, each fit's error over its interval and the
-bounds the error budget in pow_double.h uses (largest |r| of the log reduction, exactness checks).
+Run with python3 and mpmath (about 10 s): prints the C++ constants, each fit's error over its
+interval and the figures the error budget there uses (the largest |r| of the log reduction, the
+largest |r^3/3| / |log x| over the rows); asserts that r is exact and that the Fast2Sum t1 + r
+holds on every row.
 """
 import math
 from fractions import Fraction as F
