@@ -86,7 +86,8 @@ struct Div {
 // log2|x|) evaluated in double, within 5e-9 relative of the exact power before its one rounding to
 // float (a float ulp is at least 6e-8 relative), so within 1 ulp of the correctly rounded result.
 // The halves (widened to float): the same evaluated in float, ample for their one rounding (see
-// exp2_of_product_in_float). double: pow_double.h's table-driven core (within 0.51 ulp).
+// exp2_of_product_in_float). double: pow_double.h's table-driven core (within 0.51 ulp; its
+// AVX-512 variant, pow_double_avx512.h, within 0.61).
 
 // Lane reinterpretation and float <-> double conversion, which Vectorized has no cheap portable
 // form of; each level spells them with its own instructions.
@@ -367,6 +368,12 @@ struct Pow {
 #if defined(CPU_CAPABILITY_DEFAULT)
       return c99_ones(a, b, pow_per_lane(a, b));
 #else
+#if defined(CPU_CAPABILITY_AVX512)
+      // Vectors of positive finite bases and finite exponents, the usual ones, skip the special
+      // cases (one vfpclasspd per operand, where the generic test takes a dozen instructions);
+      // those lanes get the same core on the same values on either path.
+      if (pow_double_all_ordinary(a, b)) return pow_double_core(a, b);
+#endif
       return with_special_cases(a, b, pow_double_core(a.abs(), b));
 #endif
     }
