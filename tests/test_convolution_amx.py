@@ -49,7 +49,9 @@ def test_the_switch_follows_the_cpu_and_fuel_amx():
     code = "import fuel_torch; print(fuel_torch.amx_convolution())"
     for setting, want in (("0", False), ("1", available)):
         env = {**os.environ, "FUEL_AMX": setting}
-        result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        # From tests/: the repository root would import the source folder, not the installed package.
+        result = subprocess.run([sys.executable, "-c", code], env=env, cwd=TESTS, capture_output=True, text=True,
+                                timeout=120)
         assert result.returncode == 0, result.stderr
         assert result.stdout.split() == [str(want)]
 
