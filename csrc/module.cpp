@@ -107,7 +107,14 @@ void install_geometry(const py::dict& table) {
 
 }  // namespace
 
+namespace fuel {
+void streaming_triad(const at::Tensor& lhs, const at::Tensor& rhs, const at::Tensor& out);  // elementwise.cpp
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("streaming_triad", &fuel::streaming_triad,
+        "out = lhs + rhs (float32, contiguous, equal sizes) with non-temporal stores at every size: the Judge's "
+        "bandwidth roof for two reads and a write that need no read for ownership.");
   m.def("install_rules", &install_rules, "Install the accept/return clauses parsed from contracts/.");
   m.def("install_geometry", &install_geometry,
         "Install the convolution geometry checks compiled from contracts/convolution.geometry.yaml.");

@@ -477,3 +477,20 @@ def test_report_marks_unreliable_figures_in_the_table_and_the_roofline(tmp_path)
     pytest.importorskip("matplotlib")
     assert report.roofline(fake, tmp_path / "roofline.png") is None
     assert (tmp_path / "roofline.png").stat().st_size > 0
+
+
+def test_the_streaming_roof_probe_adds_and_checks_its_buffers():
+    """The Judge's third bandwidth probe (Roofs._streams): out = lhs + rhs with non-temporal stores,
+    the access pattern fuel's elementwise kernels take past their caches. It must compute the sum
+    (a probe that skipped work would raise the roof) and refuse buffers it cannot walk."""
+    from fuel_torch import _C
+
+    for n in (1, 17, 40_000, 3_000_001):  # below and above the grain, and past the caches
+        a, b = torch.rand(n), torch.rand(n)
+        out = torch.full_like(a, float("nan"))
+        _C.streaming_triad(a, b, out)
+        assert torch.equal(out, a + b), n
+    with pytest.raises(RuntimeError, match="refuses argument 'out'"):
+        _C.streaming_triad(torch.rand(8), torch.rand(8), torch.empty(5))
+    with pytest.raises(RuntimeError, match="float32 tensors only"):
+        _C.streaming_triad(torch.rand(8).double(), torch.rand(8).double(), torch.empty(8).double())

@@ -723,12 +723,25 @@ constexpr std::array<BinaryKernel, kKernelDtypes> row() {
           binary_kernel<at::Half, Op>};
 }
 
+void streaming_triad(const void* lhs_data, const void* rhs_data, void* out_data, int64_t n) {
+  const auto* lhs = static_cast<const float*>(lhs_data);
+  const auto* rhs = static_cast<const float*>(rhs_data);
+  auto* out = static_cast<float*>(out_data);
+  constexpr int64_t V = Vectorized<float>::size();
+  const bool aligned = reinterpret_cast<uintptr_t>(out) % sizeof(Vectorized<float>) == 0;
+  const auto range = aligned ? run_range<float, Add, kCanStream> : run_range<float, Add, false>;
+  at::parallel_for(0, (n + V - 1) / V, kGrainElements / V, [&](int64_t first, int64_t last) {
+    range(lhs, rhs, out, first * V, std::min(n, last * V));
+  });
+}
+
 }  // namespace
 
 // Constant-initialized (no code runs at load), in BinaryOp order.
 extern const BinaryKernels binary_kernels;
 const BinaryKernels binary_kernels = {
-    {row<Add>(), row<Sub>(), row<Mul>(), row<Div>(), row<Maximum>(), row<Minimum>(), row<Pow>(), row<Rem>()}};
+    {row<Add>(), row<Sub>(), row<Mul>(), row<Div>(), row<Maximum>(), row<Minimum>(), row<Pow>(), row<Rem>()},
+    streaming_triad};
 
 }  // namespace CPU_CAPABILITY
 }  // namespace fuel

@@ -17,6 +17,9 @@ using BinaryKernel = void (*)(const void* lhs, const void* rhs, void* out, int64
 
 struct BinaryKernels {
   std::array<std::array<BinaryKernel, kKernelDtypes>, kBinaryOps> kernel;
+  // out = lhs + rhs in float32 with non-temporal stores whatever the size (where the level has
+  // them): the Judge's bandwidth roof for two reads and a write without the read for ownership.
+  BinaryKernel streaming_triad;
 };
 
 }  // namespace fuel

@@ -24,7 +24,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from fuel_torch import timing as clock
+from fuel_torch import _C, timing as clock
 from fuel_torch.contracts import Contract
 from fuel_torch.costmodel import bind, formula_names, formula_values
 from fuel_torch.expr import ExprError
@@ -84,8 +84,11 @@ class Roofs:
     """The machine's roofs at the sizes and thread count the kernels are measured at.
 
     `bandwidth(working_set)`: GB/s of the best of torch's streaming kernels (add with out=: two
-    reads and a write, as the binary contracts count `bytes_moved`; copy_: a read and a write) over
-    the same number of bytes, measured on first use and kept. Their per-call floor (the same
+    reads and a write, as the binary contracts count `bytes_moved`; copy_: a read and a write) and
+    a triad with non-temporal stores (fuel_torch._C.streaming_triad: two reads and a write that
+    skips the read for ownership torch's stores pay, as fuel's elementwise kernels do past their
+    caches, so torch's kernels alone understate what the memory system moves) over the same number
+    of bytes, measured on first use and kept. Their per-call floor (the same
     kernels at one element) is taken off the time, so a kernel with a smaller call overhead than
     torch's is not judged against torch's overhead. Where torch's loop would run on fewer threads
     than the kernels may use (fewer than threads x 32768 elements), the roof is also the threads x
@@ -106,10 +109,12 @@ class Roofs:
         n_add, n_copy = max(1, working_set // 12), max(1, working_set // 8)
         a, b, c = torch.rand(n_add), torch.rand(n_add), torch.empty(n_add)
         src, dst = torch.rand(n_copy), torch.empty(n_copy)
-        medians = clock.interleaved_medians({"add": lambda: torch.add(a, b, out=c), "copy": lambda: dst.copy_(src)},
+        medians = clock.interleaved_medians({"add": lambda: torch.add(a, b, out=c), "copy": lambda: dst.copy_(src),
+                                             "triad": lambda: _C.streaming_triad(a, b, c)},
                                             threads=threads, **LEVEL[self.level])
         return {"torch.add(out=) float32": (12 * n_add, medians["add"]),
-                "torch.Tensor.copy_ float32": (8 * n_copy, medians["copy"])}
+                "torch.Tensor.copy_ float32": (8 * n_copy, medians["copy"]),
+                "streaming triad float32": (12 * n_add, medians["triad"])}
 
     def _floors(self) -> dict[str, float]:
         if self._floor is None:
