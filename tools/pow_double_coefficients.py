@@ -15,29 +15,7 @@ import mpmath as mp
 mp.mp.prec = 300
 
 
-def remez(f, w, a, b, n, grid=3001):
-    """c[0..n-1] minimizing max |w(x) (f(x) - sum c[i] x^i)| over [a, b]: Remez exchange, the
-    extrema of the error taken on a grid of grid + 1 points (as tools/pow_float_coefficients.py)."""
-    xs = [a + (b - a) * mp.mpf(i) / grid for i in range(grid + 1)]
-    ref = [xs[int(mp.nint(grid * (1 - mp.cos(mp.pi * i / n)) / 2))] for i in range(n + 1)]
-    while True:
-        A = mp.matrix([[x**j for j in range(n)] + [(-1)**i / w(x)] for i, x in enumerate(ref)])
-        sol = mp.lu_solve(A, mp.matrix([f(x) for x in ref]))
-        c = [sol[j] for j in range(n)]
-        e = [w(x) * (f(x) - mp.polyval(c[::-1], x)) for x in xs]
-        ext = []
-        for i in range(len(e)):
-            if all(abs(e[i]) >= abs(e[j]) for j in (i - 1, i + 1) if 0 <= j < len(e)):
-                if ext and mp.sign(e[ext[-1]]) == mp.sign(e[i]):
-                    ext[-1] = max(ext[-1], i, key=lambda j: abs(e[j]))
-                else:
-                    ext.append(i)
-        while len(ext) > n + 1:
-            ext.pop(0 if abs(e[ext[0]]) < abs(e[ext[-1]]) else -1)
-        worst = max(abs(v) for v in e)
-        if len(ext) < n + 1 or worst - abs(sol[n]) < 1e-4 * worst:
-            return c, worst
-        ref = [xs[i] for i in ext]
+from remez import remez  # noqa: E402  (tools/ is the script's folder, so on sys.path)
 
 
 def hexf(d):
@@ -103,7 +81,7 @@ for name, col in (("invc", 0), ("logc_hi", 1), ("logc_lo", 2)):
 a_log = mp.mpf(rmax.numerator) / rmax.denominator
 f_log = lambda r: (mp.log1p(r) - r + r * r / 2) / r**3 if abs(r) > 1e-40 else mp.mpf(1) / 3 - r / 4
 for n_log in (8,):  # the degree used (7 terms give 2^-61.7, short of the budget)
-    P, _ = remez(f_log, lambda r: abs(r**3 / mp.log1p(r)) if abs(r) > 1e-40 else mp.mpf(1), -a_log, a_log, n_log)
+    P, _ = remez(f_log, lambda r: abs(r**3 / mp.log1p(r)) if abs(r) > 1e-40 else mp.mpf(1), -a_log, a_log, n_log, grid=3001)
     Pd = [float(c) for c in P]
     err = max(abs((r - r * r / 2 + r**3 * mp.polyval([mp.mpf(c) for c in Pd[::-1]], r)) - mp.log1p(r)) / abs(mp.log1p(r))
               for r in [a_log * (mp.mpf(i) / 1000 - 1) for i in range(2001) if i != 1000])
@@ -128,7 +106,7 @@ print("invln2N", hexf(float(N_EXP / LN2)), "ln2hiN", hexf(float(hiN)), "ln2loN",
 a_exp = LN2 / 32 + mp.mpf(2)**-20
 f_exp = lambda r: (mp.exp(r) - 1 - r) / r**2 if abs(r) > 1e-40 else mp.mpf(1) / 2 + r / 6
 for n_exp in (6,):  # the degree used (5 terms give 2^-56.3)
-    Q, _ = remez(f_exp, lambda r: r * r, -a_exp, a_exp, n_exp)
+    Q, _ = remez(f_exp, lambda r: r * r, -a_exp, a_exp, n_exp, grid=3001)
     Qd = [float(c) for c in Q]
     err = max(abs((r + r * r * mp.polyval([mp.mpf(c) for c in Qd[::-1]], r)) - mp.expm1(r))
               for r in [a_exp * (mp.mpf(i) / 1000 - 1) for i in range(2001)])
