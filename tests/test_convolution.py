@@ -391,6 +391,17 @@ def test_every_channel_blocking(cout, groups, dtype):
 # Determinism
 
 
+def assert_same_bits_for_every_thread_count(op, x, w, b, geometry, expected):
+    """The op gives `expected`, bit for bit, with 1, 2 and 3 threads (the thread count is restored)."""
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2, 3):
+            torch.set_num_threads(count)
+            assert reference.bit_equal(API[op](x, w, b, **geometry), expected), count
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("op", OPS)
 def test_deterministic_across_calls_and_threads(op, dtype):
@@ -403,13 +414,7 @@ def test_deterministic_across_calls_and_threads(op, dtype):
     first = API[op](x, w, b, **geometry)
     for _ in range(15):
         assert reference.bit_equal(API[op](x, w, b, **geometry), first)
-    threads = torch.get_num_threads()
-    try:
-        for count in (1, 2, 3):
-            torch.set_num_threads(count)
-            assert reference.bit_equal(API[op](x, w, b, **geometry), first), count
-    finally:
-        torch.set_num_threads(threads)
+    assert_same_bits_for_every_thread_count(op, x, w, b, geometry, first)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -29,7 +29,7 @@ import torch
 import fuel_torch
 from fuel_torch import reference
 
-from test_convolution import API, check_values, operands
+from test_convolution import API, assert_same_bits_for_every_thread_count, check_values, operands
 
 TESTS = Path(__file__).parent
 
@@ -141,13 +141,7 @@ def test_deterministic_across_calls_threads_and_batches(op):
     x, w, b = operands(op, 3, 64, 80, 1, (3, 3), (17, 19), True, torch.bfloat16, generator)
     first = API[op](x, w, b, **geometry)
     assert all(reference.bit_equal(API[op](x, w, b, **geometry), first) for _ in range(5))
-    threads = torch.get_num_threads()
-    try:
-        for count in (1, 2, 3):
-            torch.set_num_threads(count)
-            assert reference.bit_equal(API[op](x, w, b, **geometry), first), count
-    finally:
-        torch.set_num_threads(threads)
+    assert_same_bits_for_every_thread_count(op, x, w, b, geometry, first)
     for i in range(3):
         assert reference.bit_equal(first[i:i + 1], API[op](x[i:i + 1].clone(), w, b, **geometry)), i
 

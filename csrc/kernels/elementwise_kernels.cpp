@@ -624,7 +624,7 @@ struct CacheSizes {
 };
 
 // Linux's cache description of CPU 0 (per cache instance: glibc's sysconf counts every instance of
-// an AMD L3), else sysconf, else 2 MiB and 32 MiB.
+// an AMD L3); cache_sizes falls back to 2 MiB for the L2, and to sysconf, else the L2, for the L3.
 inline int64_t cache_bytes(const char* path, int64_t fallback) {
   if (FILE* f = std::fopen(path, "r")) {
     long kib = 0;
