@@ -6,11 +6,13 @@
 #include <atomic>
 #include <cctype>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 
 #include <ATen/native/CPUBlas.h>
 #include <cpuid.h>
 
+#include "convolution/kernel_table.h"
 #include "dispatch.h"
 
 namespace fuel {
@@ -149,10 +151,34 @@ bool amx_convolution_enabled() {
   return enabled && capability() == Capability::AVX512;
 }
 
+// torch's float32 brgemm runs oneDNN's kernel only while torch's mkldnn switch is on (otherwise it
+// falls back to a BLAS gemm, whose threads and blocking are not ours to fix); checked per call, as
+// torch checks it.
+bool float_brgemm_enabled() {
+  static const bool allowed = [] {
+    const char* env = std::getenv("FUEL_BRGEMM");
+    return !(env && std::string(env) == "0");
+  }();
+  return allowed && capability() != Capability::DEFAULT && at::globalContext().userEnabledMkldnn();
+}
+
+PathCounts& path_counts() {
+  static PathCounts counts;
+  return counts;
+}
+
 void bind_cpu_capability(pybind11::module_& m) {
+  m.def("path_counts", [] {
+    const PathCounts& c = path_counts();
+    return std::map<std::string, int64_t>{{"amx_images", c.amx_images.load()},
+                                          {"wide_brgemm_calls", c.wide_brgemm_calls.load()}};
+  }, "How many images the AMX path and how many calls the wide brgemm path have computed since import.");
   m.def("amx_convolution", &amx_convolution_enabled,
         "Whether bfloat16 convolutions run on AMX tiles: this CPU has AMX-BF16, torch's brgemm can use it, the "
         "kernels run at AVX512 and FUEL_AMX is not 0.");
+  m.def("float_brgemm", &float_brgemm_enabled,
+        "Whether float32 weight-gradient-shaped convolutions run on torch's brgemm (oneDNN): kernels above DEFAULT, "
+        "torch.backends.mkldnn enabled and FUEL_BRGEMM is not 0.");
   m.def("init_cpu_capability", [] { return std::string(capability_name(choose_capability())); },
         "Chooses the kernels' instruction-set level from the CPU and FUEL_CPU_CAPABILITY; raises if the "
         "variable asks for a level that is unknown, not built or beyond this CPU.");

@@ -19,7 +19,9 @@ def capability_line() -> str:
     return (f"CPU: {cpu_model()}; fuel kernels at {fuel_torch.cpu_capability()} (this CPU supports "
             f"{', '.join(fuel_torch.capability.supported_capabilities())}; built: "
             f"{', '.join(fuel_torch.capability.built_capabilities())}; FUEL_CPU_CAPABILITY forces one); bfloat16 "
-            f"convolutions on AMX: {'yes' if fuel_torch.amx_convolution() else 'no'} (FUEL_AMX=0 turns it off)")
+            f"convolutions on AMX: {'yes' if fuel_torch.amx_convolution() else 'no'} (FUEL_AMX=0 turns it off); float32 "
+            f"weight-gradient convolutions on brgemm: {'yes' if fuel_torch.float_brgemm() else 'no'} (FUEL_BRGEMM=0 "
+            "turns it off)")
 
 
 def kernel_table() -> int:

@@ -25,6 +25,15 @@ def amx_convolution() -> bool:
     return bool(_C.amx_convolution())
 
 
+def float_brgemm() -> bool:
+    """Whether float32 convolutions of the weight-gradient shape (long kernel rows, few outputs, as
+    autograd's weight gradients are) run on torch's brgemm (oneDNN's kernel): the kernels run above
+    DEFAULT, torch.backends.mkldnn is enabled (checked per call, as torch checks it), and the
+    environment variable FUEL_BRGEMM is not "0" (read once). bfloat16 ones take the AMX tile unit
+    where amx_convolution() is on."""
+    return bool(_C.float_brgemm())
+
+
 def supported_capabilities() -> list[str]:
     """Levels this build has and this CPU supports, lowest first (FUEL_CPU_CAPABILITY may name any)."""
     return list(_C.cpu_capabilities())

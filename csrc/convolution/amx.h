@@ -28,6 +28,7 @@
 #include <atomic>
 
 #include "axes.h"
+#include "kernel_table.h"
 #include "kernel_common.h"
 #include "planar.h"
 
@@ -251,6 +252,7 @@ inline std::vector<char> convolve_amx(const Problem& p, const Axis& ax_h, const 
   std::vector<char> subnormal;
   fill_pair_planes(p, pl, pp, x, xl, planes, emin, subnormal);
   for (int64_t n = 0; n < p.N; ++n) done[n] = !subnormal[n] && sums_stay_normal(emin[n], tw.emin, eb);
+  path_counts().amx_images += std::count(done.begin(), done.end(), 1);
 
   const int64_t G = p.groups, Cout_g = p.Cout / G, K = 2 * pp.pairs, residues = pl.step_h * pl.step_w;
   const int64_t n_ph = static_cast<int64_t>(ax_h.phases.size()), n_pw = static_cast<int64_t>(ax_w.phases.size());

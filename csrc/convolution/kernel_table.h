@@ -3,6 +3,8 @@
 #pragma once
 
 #include <array>
+#include <atomic>
+#include <cstdint>
 
 #include "problem.h"
 
@@ -14,5 +16,14 @@ using ConvolutionKernel = void (*)(const Problem& p, const ConvOperands& operand
 struct ConvolutionKernels {
   std::array<ConvolutionKernel, 4> convolve;  // float, double, BFloat16, Half
 };
+
+// What the brgemm paths have served since import (fuel_torch._C.path_counts()): which path a call
+// takes depends on the CPU, torch's switches and, for the tile unit, the operands' exponents, and
+// the tests check that the path they mean to test is the one that ran.
+struct PathCounts {
+  std::atomic<int64_t> amx_images{0};         // images convolved on the tile unit (amx.h)
+  std::atomic<int64_t> wide_brgemm_calls{0};  // wide-kernel calls on brgemm (wide_brgemm.h)
+};
+PathCounts& path_counts();
 
 }  // namespace fuel

@@ -11,6 +11,7 @@
 #include "depthwise.h"
 #include "packing.h"
 #include "planar.h"
+#include "wide_brgemm.h"
 #include "wide_kernel.h"
 
 namespace fuel {
@@ -22,6 +23,9 @@ void convolve_wide(const Problem& p, const scalar_t* x, const Layout& xl, const 
   using acc_t = acc_type<scalar_t>;
   constexpr int64_t L = kWideLanes<acc_t>;
   const int64_t row_len = (p.Kw + L - 1) / L * L;
+  if constexpr (kWideBrgemmDtype<scalar_t>) {
+    if (wide_brgemm_serves<scalar_t>(p, o)) return convolve_wide_brgemm<scalar_t>(p, x, xl, o, bias, out, ol);
+  }
   const scalar_t* w = static_cast<const scalar_t*>(o.weight);
   if constexpr (!is_half<scalar_t>) {
     // A contiguous float weight whose rows are whole lane groups already is the packed layout.

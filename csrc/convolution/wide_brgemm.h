@@ -1,0 +1,355 @@
+// The wide-kernel problem (a weight gradient's shape, see wide_kernel.h) as one GEMM per output
+// position, on torch's brgemm (oneDNN's ukernel, ATen/native/CPUBlas.h): float32 on AVX2 and
+// AVX-512, bfloat16 on the AMX tile unit.
+//
+// In a weight gradient, conv2d's "images" are the real input channels b, its "channels" the real
+// images c, its "kernel" the output gradient and its few outputs the real kernel taps. Every output
+// (b, co, oh, ow) then reads, for each c, the same window of x's plane shifted by (oh, ow):
+//
+//   out[b][co][oh][ow] = bias[co] + sum over c, q of A_c[co][q] * X_c[q + shift(oh, ow)][b]
+//
+// with q = kh * Wp + kw running over the kernel laid on the padded input's rows (Wp wide, zero
+// where kw >= Kw), A_c the weight of channel c so laid out, and X_c channel c's zero-padded plane
+// with the images b innermost. One brgemm per (output position, c, chunk of q): M = output
+// channels, N = images, K = a chunk of q, B read in place at the tap's shift.
+//
+// Summation order, fixed by the geometry alone: the accumulator starts at the bias; for c in order,
+// for chunks of kChunk positions in order, the chunk's sum (brgemm's, into a fresh buffer) is added.
+// Chunking keeps long reductions accurate (a chunk's sum and then a few hundred chunk sums, where
+// one running sum over N * Kh * Wp terms would drift as torch's blocked sums do not). Threads split
+// the outputs only.
+//
+// bfloat16: B is taken in pairs of positions (the VNNI layout), so X_c is kept twice, paired from
+// position 0 and from position 1, and each tap reads the copy its shift's parity needs. The tile
+// unit's flushing is ruled out as in amx.h: the path runs only where no operand is subnormal and
+// every product and the bias are multiples of 2^-126, which the whole call's exponents decide.
+#pragma once
+
+#include <ATen/native/CPUBlas.h>
+
+#include "amx.h"
+#include "kernel_table.h"
+#include "kernel_common.h"
+
+namespace fuel {
+
+// Whether float32 brgemm reaches oneDNN's kernels (cpu_capability.cpp): mkldnn enabled in torch,
+// FUEL_BRGEMM not "0", a level with AVX2.
+bool float_brgemm_enabled();
+
+namespace CPU_CAPABILITY {
+
+// The dtypes brgemm takes with a float32 accumulator here.
+template <typename scalar_t>
+constexpr bool kWideBrgemmDtype = std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, at::BFloat16>;
+
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+
+namespace wide_brgemm_detail {
+
+constexpr int64_t kChunk = 256;          // positions q per brgemm: a multiple of the tile unit's 32
+constexpr int64_t kGemmBlock = 64;    // output channels (M) and images (N) per brgemm, at most
+constexpr int64_t kBudgetBytes = int64_t(256) << 20;  // per-channel buffers (A_c, X_c) at most
+
+struct Grid {
+  int64_t Hp = 0, Wp = 0, plane = 0;  // padded plane; positions per plane incl. slack
+  int64_t K = 0;                      // positions q per channel: (Kh - 1) * Wp + Kw, even
+};
+
+inline Grid make_grid(const Problem& p) {
+  Grid g;
+  g.Hp = p.H + 2 * p.padding[0];
+  g.Wp = p.W + 2 * p.padding[1];
+  g.K = ((p.Kh - 1) * g.Wp + p.Kw + 1) / 2 * 2;
+  // The pair read one past the last position and the odd copy's shift, rounded to whole pairs.
+  g.plane = (g.Hp * g.Wp + 3) / 2 * 2;
+  return g;
+}
+
+template <typename scalar_t>
+constexpr bool kPaired = std::is_same_v<scalar_t, at::BFloat16>;
+
+// One channel c's A_c = [Cout][K] and X_c = [plane][N]; bfloat16 also X_c's two pairings
+// [plane / 2][N][2], from position 0 (even) and from position 1 (odd).
+template <typename scalar_t>
+struct ChannelBuffers {
+  std::unique_ptr<scalar_t[]> a, x, x_even, x_odd;
+};
+
+// dst[j][b][0, 1] = (rows[2j + first][b], rows[2j + first + 1][b]) for j < pairs; rows are n long.
+inline void pair_rows(const at::BFloat16* rows, int64_t n, int64_t first, int64_t pairs, at::BFloat16* dst) {
+  at::parallel_for(0, pairs, std::max<int64_t>(1, 4096 / n), [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) {
+      const uint16_t* r0 = reinterpret_cast<const uint16_t*>(rows + (2 * j + first) * n);
+      const uint16_t* r1 = r0 + n;
+      uint16_t* d = reinterpret_cast<uint16_t*>(dst + j * 2 * n);
+      int64_t b = 0;
+#if defined(CPU_CAPABILITY_AVX512)
+      for (; b + 16 <= n; b += 16) {
+        const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0 + b)));
+        const __m512i hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r1 + b)));
+        _mm512_storeu_si512(d + 2 * b, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+      }
+#endif
+      for (; b < n; ++b) d[2 * b] = r0[b], d[2 * b + 1] = r1[b];
+    }
+  });
+}
+
+#if defined(CPU_CAPABILITY_AVX512)
+// A 16 x 16 transpose of 32-bit lanes in registers.
+inline void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int i = 0; i < 8; ++i) {  // 128-bit blocks: rows i and i + 8 exchange blocks 1 and 2, ...
+    const int a = (i & 3) | ((i & 4) << 1), b = a + 4;
+    t[a] = _mm512_shuffle_i32x4(r[a], r[b], 0x88);
+    t[b] = _mm512_shuffle_i32x4(r[a], r[b], 0xdd);
+  }
+  for (int i = 0; i < 8; ++i) {
+    const int a = i, b = i + 8;
+    r[a] = _mm512_shuffle_i32x4(t[a], t[b], 0x88);
+    r[b] = _mm512_shuffle_i32x4(t[a], t[b], 0xdd);
+  }
+}
+
+// dst[j * ldd + i] = src[i * lds + j] for a 16 x 16 tile of float or bfloat16.
+template <typename scalar_t>
+inline void transpose_tile(const scalar_t* src, int64_t lds, scalar_t* dst, int64_t ldd) {
+  __m512i r[16];
+  for (int i = 0; i < 16; ++i) {
+    if constexpr (sizeof(scalar_t) == 4) {
+      r[i] = _mm512_loadu_si512(src + i * lds);
+    } else {
+      r[i] = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i * lds)));
+    }
+  }
+  transpose16(r);
+  for (int j = 0; j < 16; ++j) {
+    if constexpr (sizeof(scalar_t) == 4) {
+      _mm512_storeu_si512(dst + j * ldd, r[j]);
+    } else {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + j * ldd), _mm512_cvtepi32_epi16(r[j]));
+    }
+  }
+}
+#endif
+
+template <typename scalar_t>
+void fill_channel(const Problem& p, const Grid& g, int64_t c, const scalar_t* x, const Layout& xl, const scalar_t* w,
+                  const int64_t* ws, ChannelBuffers<scalar_t>& buf) {
+  const int64_t N = p.N;
+  // A_c: kernel row kh at q = kh * Wp, zeros between rows and past the last one.
+  at::parallel_for(0, p.Cout, 1, [&](int64_t first, int64_t last) {
+    for (int64_t co = first; co < last; ++co) {
+      scalar_t* row = buf.a.get() + co * g.K;
+      zero(row, g.K);
+      for (int64_t kh = 0; kh < p.Kh; ++kh) {
+        const scalar_t* src = w + co * ws[0] + c * ws[1] + kh * ws[2];
+        if (ws[3] == 1) {
+          copy_run(src, row + kh * g.Wp, p.Kw);
+        } else {
+          for (int64_t kw = 0; kw < p.Kw; ++kw) row[kh * g.Wp + kw] = src[kw * ws[3]];
+        }
+      }
+    }
+  });
+  // X_c: position (ih + ph) * Wp + (iw + pw), the images innermost; one slack position past the
+  // planes' end for the odd pairing's last pair.
+  scalar_t* const xs = buf.x.get();
+  at::parallel_for(0, g.Hp, 1, [&](int64_t first, int64_t last) {
+    for (int64_t r = first; r < last; ++r) {
+      const int64_t begin = r * g.Wp, end = r + 1 == g.Hp ? g.plane + 1 : (r + 1) * g.Wp;
+      const int64_t ih = r - p.padding[0];
+      if (ih < 0 || ih >= p.H) {
+        zero(xs + begin * N, (end - begin) * N);
+        continue;
+      }
+      const int64_t s_lo = begin + p.padding[1], s_hi = s_lo + p.W;
+      zero(xs + begin * N, (s_lo - begin) * N);
+      zero(xs + s_hi * N, (end - s_hi) * N);
+      // Tiles of 16 columns: each image's run is read contiguously, the 16 destination rows stay
+      // in L1 across the images.
+      for (int64_t iw0 = 0; iw0 < p.W; iw0 += 16) {
+        const int64_t count = std::min<int64_t>(16, p.W - iw0);
+        scalar_t* dst = xs + (s_lo + iw0) * N;
+        int64_t b = 0;
+#if defined(CPU_CAPABILITY_AVX512)
+        if (count == 16 && xl.w == 1) {
+          for (; b + 16 <= N; b += 16) transpose_tile(x + b * xl.n + c * xl.c + ih * xl.h + iw0, xl.n, dst + b, N);
+        }
+#endif
+        for (; b < N; ++b) {
+          const scalar_t* src = x + b * xl.n + c * xl.c + ih * xl.h + iw0 * xl.w;
+          for (int64_t j = 0; j < count; ++j) dst[j * N + b] = src[j * xl.w];
+        }
+      }
+    }
+  });
+  if constexpr (kPaired<scalar_t>) {
+    pair_rows(xs, N, 0, g.plane / 2, buf.x_even.get());
+    pair_rows(xs, N, 1, g.plane / 2, buf.x_odd.get());
+  }
+}
+
+#if defined(CPU_CAPABILITY_AVX512)
+// The smallest biased exponent of the nonzero bfloat16 values in a dense block, and whether any
+// is subnormal: scan_exponents' answer, 32 values to an instruction group.
+inline void scan_dense(const at::BFloat16* data, int64_t n, int& emin, bool& subnormal) {
+  std::vector<int> low(at::get_num_threads(), kSmallestEx);
+  std::vector<char> sub(low.size(), 0);
+  const uint16_t* bits = reinterpret_cast<const uint16_t*>(data);
+  at::parallel_for(0, (n + 31) / 32, 2048, [&](int64_t first, int64_t last) {
+    const __m512i magnitude = _mm512_set1_epi16(0x7fff), exponent = _mm512_set1_epi16(0xff);
+    __m512i e_low = _mm512_set1_epi16(kSmallestEx);
+    __mmask32 any_sub = 0;
+    for (int64_t v = first; v < last; ++v) {
+      const int64_t i = v * 32;
+      const __mmask32 lanes = n - i >= 32 ? ~__mmask32(0) : __mmask32((1u << (n - i)) - 1);
+      const __m512i x = _mm512_maskz_loadu_epi16(lanes, bits + i);  // masked-off lanes read as zero
+      const __mmask32 nonzero = _mm512_test_epi16_mask(x, magnitude);
+      const __m512i e = _mm512_and_si512(_mm512_srli_epi16(x, 7), exponent);
+      e_low = _mm512_mask_min_epu16(e_low, nonzero, e_low, e);
+      any_sub |= _mm512_mask_cmpeq_epi16_mask(nonzero, e, _mm512_setzero_si512());
+    }
+    alignas(64) uint16_t lanes_low[32];
+    _mm512_store_si512(lanes_low, e_low);
+    int e = kSmallestEx;
+    for (uint16_t l : lanes_low) e = std::min<int>(e, l);
+    const int t = at::get_thread_num();
+    low[t] = std::min(low[t], e);
+    sub[t] = sub[t] || any_sub != 0;
+  });
+  for (size_t t = 0; t < low.size(); ++t) emin = std::min(emin, low[t]), subnormal = subnormal || sub[t];
+}
+#endif
+
+}  // namespace wide_brgemm_detail
+
+// Whether this path serves a wide-kernel call: float32 where brgemm reaches oneDNN, bfloat16 where
+// the AMX path is on and the operands keep its sums exact (checked here, over the whole call);
+// ungrouped, dilation 1 (a weight gradient of a stride-1 conv), channels enough to fill a tile and
+// buffers within the budget.
+template <typename scalar_t>
+bool wide_brgemm_serves(const Problem& p, const ConvOperands& o) {
+  using namespace wide_brgemm_detail;
+  constexpr bool is_float = std::is_same_v<scalar_t, float>;
+  static_assert(kWideBrgemmDtype<scalar_t>);
+  {
+    if (p.transpose || p.groups != 1 || p.dilation[0] != 1 || p.dilation[1] != 1 || p.N < 16 || p.Cout < 16) {
+      return false;
+    }
+    const Grid g = make_grid(p);
+    const int64_t tasks = ((p.Cout + kGemmBlock - 1) / kGemmBlock) * ((p.N + kGemmBlock - 1) / kGemmBlock) *
+                          p.Ho * p.Wo;
+    const int64_t bytes = (p.Cout * g.K + 3 * (g.plane + 1) * p.N) * static_cast<int64_t>(sizeof(scalar_t)) +
+                          tasks * kGemmBlock * kGemmBlock * static_cast<int64_t>(sizeof(float));
+    if (bytes > kBudgetBytes) return false;
+    if constexpr (is_float) {
+      return float_brgemm_enabled();
+    } else {
+#if defined(CPU_CAPABILITY_AVX512)
+      if (!amx_convolution_enabled()) return false;
+      int ex = kSmallestEx, ew = kSmallestEx, eb = kSmallestEx;
+      bool subnormal = false;
+      scan_dense(static_cast<const at::BFloat16*>(o.x), p.N * p.Cin * p.H * p.W, ex, subnormal);
+      scan_dense(static_cast<const at::BFloat16*>(o.weight), p.Cout * p.Cin * p.Kh * p.Kw, ew, subnormal);
+      if (o.bias) scan_exponents(static_cast<const at::BFloat16*>(o.bias), p.Cout, 1, eb, subnormal);
+      return !subnormal && sums_stay_normal(ex, ew, eb);
+#else
+      return false;
+#endif
+    }
+  }
+}
+
+template <typename scalar_t>
+void convolve_wide_brgemm(const Problem& p, const scalar_t* x, const Layout& xl, const ConvOperands& o,
+                          const scalar_t* bias, scalar_t* out, const Layout& ol) {
+  using namespace wide_brgemm_detail;
+  namespace cpublas = at::native::cpublas;
+  constexpr bool paired = kPaired<scalar_t>;
+  ++path_counts().wide_brgemm_calls;
+  const Grid g = make_grid(p);
+  const int64_t co_blocks = (p.Cout + kGemmBlock - 1) / kGemmBlock;
+  const int64_t b_blocks = (p.N + kGemmBlock - 1) / kGemmBlock;
+  const int64_t taps = p.Ho * p.Wo, tasks = co_blocks * b_blocks * taps;
+  constexpr int64_t kTile = kGemmBlock * kGemmBlock;
+  // Each task's accumulator, [rows][cols] at ldc = cols, starting at the bias.
+  const auto acc = scratch<float>(tasks * kTile);
+  for (int64_t t = 0; t < tasks; ++t) {
+    const int64_t cb = t / taps / b_blocks, co0 = cb * kGemmBlock;
+    const int64_t rows = std::min(kGemmBlock, p.Cout - co0), cols = std::min(kGemmBlock, p.N - t / taps % b_blocks * kGemmBlock);
+    for (int64_t r = 0; r < rows; ++r) {
+      std::fill_n(acc.get() + t * kTile + r * cols, cols, bias ? static_cast<float>(bias[co0 + r]) : 0.f);
+    }
+  }
+  ChannelBuffers<scalar_t> buf;
+  buf.a = scratch<scalar_t>(p.Cout * g.K);
+  buf.x = scratch<scalar_t>((g.plane + 1) * p.N);
+  if (paired) {
+    buf.x_even = scratch<scalar_t>(g.plane * p.N);
+    buf.x_odd = scratch<scalar_t>(g.plane * p.N);
+  }
+  const scalar_t* w = static_cast<const scalar_t*>(o.weight);
+  for (int64_t c = 0; c < p.Cin; ++c) {
+    fill_channel<scalar_t>(p, g, c, x, xl, w, o.weight_strides, buf);
+    at::parallel_for(0, tasks, 1, [&](int64_t first, int64_t last) {
+      const auto part = scratch<float>(kTile);
+      for (int64_t k0 = 0; k0 < g.K; k0 += kChunk) {
+        const int64_t kc = std::min(kChunk, g.K - k0);
+        for (int64_t t = first; t < last; ++t) {
+          const int64_t tap = t % taps, bb = t / taps % b_blocks, cb = t / taps / b_blocks;
+          const int64_t co0 = cb * kGemmBlock, b0 = bb * kGemmBlock;
+          const int64_t rows = std::min(kGemmBlock, p.Cout - co0), cols = std::min(kGemmBlock, p.N - b0);
+          const int64_t shift = tap / p.Wo * p.stride[0] * g.Wp + tap % p.Wo * p.stride[1] + k0;
+          const scalar_t* a = buf.a.get() + co0 * g.K + k0;
+          const scalar_t* b = paired ? (shift % 2 ? buf.x_odd.get() : buf.x_even.get()) + (shift / 2) * 2 * p.N + 2 * b0
+                                     : buf.x.get() + shift * p.N + b0;
+          cpublas::brgemm(rows, cols, kc, g.K, p.N, cols, false, a, b, part.get(), paired);
+          float* sum = acc.get() + t * kTile;
+          for (int64_t i = 0; i < rows * cols; ++i) sum[i] += part[i];
+        }
+      }
+      cpublas::brgemm_release(paired);
+    });
+  }
+  at::parallel_for(0, tasks, 1, [&](int64_t first, int64_t last) {
+    for (int64_t t = first; t < last; ++t) {
+      const int64_t tap = t % taps, bb = t / taps % b_blocks, cb = t / taps / b_blocks;
+      const int64_t co0 = cb * kGemmBlock, b0 = bb * kGemmBlock;
+      const int64_t rows = std::min(kGemmBlock, p.Cout - co0), cols = std::min(kGemmBlock, p.N - b0);
+      const float* sum = acc.get() + t * kTile;
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t j = 0; j < cols; ++j) {
+          out[(b0 + j) * ol.n + (co0 + r) * ol.c + tap / p.Wo * ol.h + tap % p.Wo * ol.w] =
+              static_cast<scalar_t>(sum[r * cols + j]);
+        }
+      }
+    }
+  });
+}
+
+#else
+
+template <typename scalar_t>
+bool wide_brgemm_serves(const Problem&, const ConvOperands&) {
+  return false;
+}
+template <typename scalar_t>
+void convolve_wide_brgemm(const Problem&, const scalar_t*, const Layout&, const ConvOperands&, const scalar_t*,
+                          scalar_t*, const Layout&) {}
+
+#endif
+
+}  // namespace CPU_CAPABILITY
+}  // namespace fuel
