@@ -171,8 +171,10 @@ void bind_cpu_capability(pybind11::module_& m) {
   m.def("path_counts", [] {
     const PathCounts& c = path_counts();
     return std::map<std::string, int64_t>{{"amx_images", c.amx_images.load()},
+                                          {"float_brgemm_images", c.float_brgemm_images.load()},
                                           {"wide_brgemm_calls", c.wide_brgemm_calls.load()}};
-  }, "How many images the AMX path and how many calls the wide brgemm path have computed since import.");
+  }, "How many images the bfloat16 AMX and float32 per-tap brgemm paths, and how many calls the wide-kernel "
+     "brgemm path, have computed since import.");
   m.def("amx_convolution", &amx_convolution_enabled,
         "Whether bfloat16 convolutions run on AMX tiles: this CPU has AMX-BF16, torch's brgemm can use it, the "
         "kernels run at AVX512 and FUEL_AMX is not 0.");

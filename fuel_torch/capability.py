@@ -26,11 +26,12 @@ def amx_convolution() -> bool:
 
 
 def float_brgemm() -> bool:
-    """Whether float32 convolutions of the weight-gradient shape (long kernel rows, few outputs, as
-    autograd's weight gradients are) run on torch's brgemm (oneDNN's kernel): the kernels run above
-    DEFAULT, torch.backends.mkldnn is enabled (checked per call, as torch checks it), and the
-    environment variable FUEL_BRGEMM is not "0" (read once). bfloat16 ones take the AMX tile unit
-    where amx_convolution() is on."""
+    """Whether float32 convolutions may run on torch's brgemm (oneDNN's kernel): those of the
+    weight-gradient shape (long kernel rows, few outputs, as autograd's weight gradients are), and
+    at the AVX512 level those with at least 16 channels per group in and out (one brgemm per
+    spatial tap). On when the kernels run above DEFAULT, torch.backends.mkldnn is enabled (checked
+    per call, as torch checks it) and the environment variable FUEL_BRGEMM is not "0" (read once).
+    bfloat16 takes the AMX tile unit on the same shapes where amx_convolution() is on."""
     return bool(_C.float_brgemm())
 
 

@@ -5,7 +5,7 @@ kernel is the output gradient (long rows) and whose few outputs are the kernel's
 fuel_torch.float_brgemm() is on, float32 calls of that shape (ungrouped, dilation 1, >= 16 images
 and output channels) run as one brgemm per output position; bfloat16 ones run on the AMX tile unit
 where fuel_torch.amx_convolution() is on and the whole call's exponents keep every partial sum
-normal (the rule of amx.h). Here:
+normal (the rule of tap_brgemm.h). Here:
 
 - values against the float64 reference with the contract's claims (test_convolution's
   check_values), over geometries that reach each part of the path: a stride, asymmetric padding,

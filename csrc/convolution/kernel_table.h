@@ -21,8 +21,9 @@ struct ConvolutionKernels {
 // takes depends on the CPU, torch's switches and, for the tile unit, the operands' exponents, and
 // the tests check that the path they mean to test is the one that ran.
 struct PathCounts {
-  std::atomic<int64_t> amx_images{0};         // images convolved on the tile unit (amx.h)
-  std::atomic<int64_t> wide_brgemm_calls{0};  // wide-kernel calls on brgemm (wide_brgemm.h)
+  std::atomic<int64_t> amx_images{0};           // images convolved on the tile unit (tap_brgemm.h)
+  std::atomic<int64_t> float_brgemm_images{0};  // float32 images convolved by tap (tap_brgemm.h)
+  std::atomic<int64_t> wide_brgemm_calls{0};    // wide-kernel calls on brgemm (wide_brgemm.h)
 };
 PathCounts& path_counts();
 

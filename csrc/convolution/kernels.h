@@ -6,7 +6,7 @@
 // All read x and write out through their layouts (NCHW or NHWC) and the weight through its strides.
 #pragma once
 
-#include "amx.h"
+#include "tap_brgemm.h"
 #include "chassis.h"
 #include "depthwise.h"
 #include "packing.h"
@@ -56,17 +56,18 @@ void convolve_on_chassis(const Problem& p, const scalar_t* x, const Layout& xl, 
   convolve_chassis<scalar_t>(p, plan, x, xl, w_rows, bias_acc.data(), out, ol);
 }
 
-// bfloat16 on AMX where it computes the contract's sums (amx.h), image by image; the chassis for
-// every other call and every image the AMX path leaves.
+// One brgemm per tap where it serves (tap_brgemm.h: bfloat16 on AMX, image by image where it computes
+// the contract's sums; float32 on oneDNN's kernel); the chassis for every other call and every image
+// the brgemm path leaves.
 template <typename scalar_t>
 void convolve_general(const Problem& p, const scalar_t* x, const Layout& xl, const ConvOperands& o,
                       const scalar_t* bias, scalar_t* out, const Layout& ol) {
 #if defined(CPU_CAPABILITY_AVX512)
-  if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
+  if constexpr (std::is_same_v<scalar_t, at::BFloat16> || std::is_same_v<scalar_t, float>) {
     const Axis ax_h = make_axis(p, 0), ax_w = make_axis(p, 1);
     const PaddedPlanes planes = padded_planes(ax_h, ax_w, kPositions);
-    if (amx_serves<scalar_t>(p, planes)) {
-      const std::vector<char> done = convolve_amx(p, ax_h, ax_w, planes, x, xl, o, bias, out, ol);
+    if (tap_brgemm_serves<scalar_t>(p, planes)) {
+      const std::vector<char> done = convolve_tap_brgemm<scalar_t>(p, ax_h, ax_w, planes, x, xl, o, bias, out, ol);
       Problem one = p;
       one.N = 1;
       for (int64_t n = 0; n < p.N; ++n) {

@@ -21,21 +21,17 @@
 //
 // bfloat16: B is taken in pairs of positions (the VNNI layout), so X_c is kept twice, paired from
 // position 0 and from position 1, and each tap reads the copy its shift's parity needs. The tile
-// unit's flushing is ruled out as in amx.h: the path runs only where no operand is subnormal and
+// unit's flushing is ruled out as in tap_brgemm.h: the path runs only where no operand is subnormal and
 // every product and the bias are multiples of 2^-126, which the whole call's exponents decide.
 #pragma once
 
 #include <ATen/native/CPUBlas.h>
 
-#include "amx.h"
+#include "tap_brgemm.h"
 #include "kernel_table.h"
 #include "kernel_common.h"
 
 namespace fuel {
-
-// Whether float32 brgemm reaches oneDNN's kernels (cpu_capability.cpp): mkldnn enabled in torch,
-// FUEL_BRGEMM not "0", a level with AVX2.
-bool float_brgemm_enabled();
 
 namespace CPU_CAPABILITY {
 

@@ -1,15 +1,20 @@
-// The AMX path: bfloat16 convolutions on Intel's tile unit, through torch's brgemm (oneDNN's
-// ukernel, ATen/native/CPUBlas.h), on the planar path's geometry.
+// One brgemm per spatial tap, on the planar path's geometry, through torch's brgemm (oneDNN's
+// ukernel, ATen/native/CPUBlas.h): bfloat16 convolutions on Intel's AMX tile unit, and float32 ones
+// on oneDNN's AVX-512 kernel.
 //
 // The input is copied once into the planar path's zero-padded planes (split by stride residue, so
-// every tap steps by 1), but as bfloat16 channel pairs side by side: the VNNI layout in which the
+// every tap steps by 1); for bfloat16 as channel pairs side by side, the VNNI layout in which the
 // tile unit takes its B matrix, k = input channel. A task is a block of kPositions grid positions
 // q = jh * Wp + jw of one phase, for a block of output channels; for each spatial tap in the
 // chassis's order it runs one brgemm, C[co][q] += sum over ci of W_tap[co][ci] * plane[ci][q + shift],
-// where shift is the tap's place in its plane: B is the pair planes read in place. C starts at the
+// where shift is the tap's place in its plane: B is the planes read in place. C starts at the
 // bias; the Wp - count columns past each grid row are computed and dropped, as in planar.h.
 //
-// Arithmetic. The tile unit multiplies bfloat16 pairs exactly and adds them in float32, to
+// float32: oneDNN's kernel sums each tap's channels with fused multiply-adds in its own fixed
+// order (for a given CPU), into C, in chunks of kTapChunk channels where there are more (each chunk
+// from zero, then added to C); no operand needs a rule.
+//
+// bfloat16 arithmetic. The tile unit multiplies bfloat16 pairs exactly and adds them in float32, to
 // nearest even, but it treats subnormal inputs as zero and flushes subnormal results (its DAZ and
 // FTZ cannot be turned off). Where neither can happen its sums are the float32 sums the contract
 // bounds: every operand normal or zero, and every partial sum zero or normal, which holds when the
@@ -37,6 +42,10 @@ namespace fuel {
 // Whether this CPU and torch build run bfloat16 convolutions on AMX (cpu_capability.cpp): AMX-BF16
 // in the CPU, torch's brgemm able to use it, and FUEL_AMX not "0".
 bool amx_convolution_enabled();
+
+// Whether float32 brgemm reaches oneDNN's kernels (cpu_capability.cpp): mkldnn enabled in torch,
+// FUEL_BRGEMM not "0", a level with AVX2.
+bool float_brgemm_enabled();
 
 namespace CPU_CAPABILITY {
 
@@ -162,20 +171,23 @@ inline void fill_pair_planes(const Problem& p, const PaddedPlanes& pl, const Pai
   for (int64_t n = 0; n < p.N; ++n) emin[n] = low[n].load(), subnormal[n] = sub[n].load();
 }
 
-// The weights as one [Cout_g][2 * pairs] bfloat16 matrix (brgemm's A, row-major) per group, phase
-// and spatial tap, in the chassis's tap order; zero past the group's input channels.
+// The weights as one [Cout_g][K] matrix (brgemm's A, row-major) per group, phase and spatial tap,
+// in the chassis's tap order; zero past the group's input channels (K: the channels, for bfloat16
+// rounded up to whole pairs).
+template <typename T>
 struct TapWeights {
-  std::vector<at::BFloat16> data;
+  std::vector<T> data;
   std::vector<int64_t> phase_start;  // first tap matrix of phase (i, j), per group
   int64_t taps_per_group = 0, matrix = 0;
   int emin = kSmallestEx;
   bool subnormal = false;
 };
 
-inline TapWeights pack_tap_weights(const Problem& p, const Axis& ax_h, const Axis& ax_w, const PairPlanes& pp,
-                                   const at::BFloat16* w, const int64_t* ws) {
-  const int64_t G = p.groups, Cin_g = p.Cin / G, Cout_g = p.Cout / G, K = 2 * pp.pairs;
-  TapWeights tw;
+template <typename T>
+TapWeights<T> pack_tap_weights(const Problem& p, const Axis& ax_h, const Axis& ax_w, int64_t K, const T* w,
+                               const int64_t* ws) {
+  const int64_t G = p.groups, Cin_g = p.Cin / G, Cout_g = p.Cout / G;
+  TapWeights<T> tw;
   tw.matrix = Cout_g * K;
   for (const Phase& ph : ax_h.phases) {
     for (const Phase& pw : ax_w.phases) {
@@ -183,14 +195,14 @@ inline TapWeights pack_tap_weights(const Problem& p, const Axis& ax_h, const Axi
       tw.taps_per_group += static_cast<int64_t>(ph.taps.size() * pw.taps.size());
     }
   }
-  tw.data.assign(G * tw.taps_per_group * tw.matrix, at::BFloat16(0.f));
+  tw.data.assign(G * tw.taps_per_group * tw.matrix, T(0.f));
   for (int64_t g = 0; g < G; ++g) {
     int64_t t = g * tw.taps_per_group;
     for (const Phase& ph : ax_h.phases) {
       for (const Phase& pw : ax_w.phases) {
         for (const Tap& a : ph.taps) {
           for (const Tap& b : pw.taps) {
-            at::BFloat16* dst = tw.data.data() + t++ * tw.matrix;
+            T* dst = tw.data.data() + t++ * tw.matrix;
             for (int64_t co = 0; co < Cout_g; ++co) {
               for (int64_t ci = 0; ci < Cin_g; ++ci) {
                 const int64_t row = p.transpose ? (g * Cin_g + ci) * ws[0] + co * ws[1]
@@ -203,58 +215,114 @@ inline TapWeights pack_tap_weights(const Problem& p, const Axis& ax_h, const Axi
       }
     }
   }
-  scan_exponents(tw.data.data(), static_cast<int64_t>(tw.data.size()), 1, tw.emin, tw.subnormal);
+  if constexpr (std::is_same_v<T, at::BFloat16>) {
+    scan_exponents(tw.data.data(), static_cast<int64_t>(tw.data.size()), 1, tw.emin, tw.subnormal);
+  }
   return tw;
 }
 
-// Whether the AMX path serves this call: bfloat16, enough channels to fill the tiles, and padded
-// planes of modest size. (Depthwise calls never reach here.)
+// Whether this path serves the call: bfloat16 on AMX, float32 where brgemm reaches oneDNN; enough
+// channels to fill the tiles, and padded planes of modest size. (Depthwise calls never reach here.)
 template <typename scalar_t>
-bool amx_serves(const Problem& p, const PaddedPlanes& pl) {
-  if constexpr (!std::is_same_v<scalar_t, at::BFloat16>) {
-    return false;
+bool tap_brgemm_serves(const Problem& p, const PaddedPlanes& pl) {
+  const int64_t Cin_g = p.Cin / p.groups, Cout_g = p.Cout / p.groups;
+  if (Cin_g < 16 || Cout_g < 16 || !planes_fit<float>(p, pl)) return false;
+  if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
+    return amx_convolution_enabled();
+  } else if constexpr (std::is_same_v<scalar_t, float>) {
+    return float_brgemm_enabled();
   } else {
-    const int64_t Cin_g = p.Cin / p.groups, Cout_g = p.Cout / p.groups;
-    return Cin_g >= 16 && Cout_g >= 16 && planes_fit<float>(p, pl) && amx_convolution_enabled();
+    return false;
   }
 }
 
 // The pair planes' memory, kept by the calling thread from one call to the next up to 64 MiB: a
 // fresh allocation of a few MB is a fresh mapping, and its first touch a page fault per 4 KiB page
 // (5% of a ResNet 3x3's time). Larger planes are allocated per call and freed on the next.
-inline uint32_t* reused_planes(int64_t count) {
-  constexpr int64_t kKept = (int64_t(64) << 20) / sizeof(uint32_t);
-  thread_local std::unique_ptr<uint32_t[]> kept;
+template <typename T>
+inline T* reused_planes(int64_t count) {
+  constexpr int64_t kKept = (int64_t(64) << 20) / sizeof(T);
+  thread_local std::unique_ptr<T[]> kept;
   thread_local int64_t capacity = 0;
   if (count > capacity || (capacity > kKept && count <= kKept)) {
     kept.reset();
-    kept = scratch<uint32_t>(count);
+    kept = scratch<T>(count);
     capacity = count;
   }
   return kept.get();
 }
 
-// Computes the images whose operands pass the exponent rule on AMX; returns, per image, whether it
-// did (the caller computes the others).
-inline std::vector<char> convolve_amx(const Problem& p, const Axis& ax_h, const Axis& ax_w, const PaddedPlanes& pl,
-                                      const at::BFloat16* x, const Layout& xl, const ConvOperands& o,
-                                      const at::BFloat16* bias, at::BFloat16* out, const Layout& ol) {
-  namespace cpublas = at::native::cpublas;
-  const PairPlanes pp = pair_planes(p, pl);
-  const TapWeights tw = pack_tap_weights(p, ax_h, ax_w, pp, static_cast<const at::BFloat16*>(o.weight), o.weight_strides);
+// The planes brgemm reads as B: where image n's group g begins, the stride between B's K rows
+// (channels, or channel pairs), the planes of one residue, and elements per grid position (2 for
+// bfloat16's pairs), all in elements of T; and per image whether it takes this path.
+template <typename T>
+struct TapPlanes {
+  const T* data = nullptr;
+  int64_t image = 0, group = 0, ld_b = 0, residue = 0, per_position = 1;
+  bool in_place = false;  // x itself, which has no slack past its last position
+  std::vector<char> done;
+};
+
+inline TapPlanes<at::BFloat16> tap_planes(const Problem& p, const PaddedPlanes& pl, const at::BFloat16* x,
+                                          const Layout& xl, const TapWeights<at::BFloat16>& tw, const at::BFloat16* bias) {
+  TapPlanes<at::BFloat16> tp;
+  tp.done.assign(p.N, 0);
   int eb = kSmallestEx;
   bool bias_subnormal = false;
   if (bias) scan_exponents(bias, p.Cout, 1, eb, bias_subnormal);
-  std::vector<char> done(p.N, 0);
-  if (tw.subnormal || bias_subnormal) return done;
-  uint32_t* const planes = reused_planes(p.N * pp.image / 2);
+  if (tw.subnormal || bias_subnormal) return tp;
+  const PairPlanes pp = pair_planes(p, pl);
+  uint32_t* const planes = reused_planes<uint32_t>(p.N * pp.image / 2);
   std::vector<int> emin;
   std::vector<char> subnormal;
   fill_pair_planes(p, pl, pp, x, xl, planes, emin, subnormal);
-  for (int64_t n = 0; n < p.N; ++n) done[n] = !subnormal[n] && sums_stay_normal(emin[n], tw.emin, eb);
-  path_counts().amx_images += std::count(done.begin(), done.end(), 1);
+  for (int64_t n = 0; n < p.N; ++n) tp.done[n] = !subnormal[n] && sums_stay_normal(emin[n], tw.emin, eb);
+  path_counts().amx_images += std::count(tp.done.begin(), tp.done.end(), 1);
+  tp.data = reinterpret_cast<const at::BFloat16*>(planes);
+  tp.image = pp.image, tp.group = pp.pairs * pp.ld_b * 2, tp.ld_b = pp.ld_b, tp.residue = pl.size * 2;
+  tp.per_position = 2;
+  return tp;
+}
 
-  const int64_t G = p.groups, Cout_g = p.Cout / G, K = 2 * pp.pairs, residues = pl.step_h * pl.step_w;
+inline TapPlanes<float> tap_planes(const Problem& p, const PaddedPlanes& pl, const float* x, const Layout& xl,
+                                   const TapWeights<float>&, const float*) {
+  TapPlanes<float> tp;
+  const int64_t residues = pl.step_h * pl.step_w, Cin_g = p.Cin / p.groups;
+  tp.done.assign(p.N, 1);
+  path_counts().float_brgemm_images += p.N;
+  // A 1x1, stride-1, unpadded conv2d of an NCHW input reads x's own planes: the copy would be the
+  // input again (a tenth of such a call's time).
+  if (!p.transpose && p.Kh == 1 && p.Kw == 1 && p.stride[0] == 1 && p.stride[1] == 1 && p.padding[0] == 0 &&
+      p.padding[1] == 0 && xl.w == 1 && xl.h == p.W && xl.c == p.H * p.W && pl.Wp == p.W && pl.min_h == 0 &&
+      pl.min_w == 0) {
+    tp.data = x, tp.in_place = true;
+    tp.ld_b = xl.c, tp.image = xl.n, tp.group = Cin_g * xl.c;
+    return tp;
+  }
+  float* const planes = reused_planes<float>(p.N * p.Cin * residues * pl.size);
+  fill_padded_planes<float>(p, pl, x, xl, planes);
+  tp.data = planes;
+  tp.ld_b = residues * pl.size, tp.image = p.Cin * tp.ld_b, tp.group = Cin_g * tp.ld_b, tp.residue = pl.size;
+  return tp;
+}
+
+// Computes the images that take this path (every image for float32; for bfloat16 those whose
+// operands pass the exponent rule); returns, per image, whether it did (the caller computes the
+// others).
+template <typename scalar_t>
+std::vector<char> convolve_tap_brgemm(const Problem& p, const Axis& ax_h, const Axis& ax_w, const PaddedPlanes& pl,
+                                      const scalar_t* x, const Layout& xl, const ConvOperands& o, const scalar_t* bias,
+                                      scalar_t* out, const Layout& ol) {
+  namespace cpublas = at::native::cpublas;
+  constexpr bool paired = std::is_same_v<scalar_t, at::BFloat16>;
+  const int64_t G = p.groups, Cin_g = p.Cin / G, Cout_g = p.Cout / G;
+  const int64_t K = paired ? (Cin_g + 1) / 2 * 2 : Cin_g;
+  const TapWeights<scalar_t> tw =
+      pack_tap_weights<scalar_t>(p, ax_h, ax_w, K, static_cast<const scalar_t*>(o.weight), o.weight_strides);
+  const TapPlanes<scalar_t> tp = tap_planes(p, pl, x, xl, tw, bias);
+  const std::vector<char>& done = tp.done;
+  if (std::find(done.begin(), done.end(), 1) == done.end()) return done;
+
   const int64_t n_ph = static_cast<int64_t>(ax_h.phases.size()), n_pw = static_cast<int64_t>(ax_w.phases.size());
   const int64_t co_chunks = (Cout_g + kAmxChannelChunk - 1) / kAmxChannelChunk;
   int64_t max_positions = 1;
@@ -265,6 +333,7 @@ inline std::vector<char> convolve_amx(const Problem& p, const Axis& ax_h, const 
 
   at::parallel_for(0, p.N * G * n_ph * n_pw * blocks * co_chunks, 1, [&](int64_t first_task, int64_t last_task) {
     const auto acc = scratch<float>(kAmxChannelChunk * kPositions);
+    const auto part = scratch<float>(paired || K <= kTapChunk ? 0 : kAmxChannelChunk * kPositions);
     for (int64_t task = first_task; task < last_task; ++task) {
       int64_t rest = task;
       const int64_t chunk = rest % co_chunks; rest /= co_chunks;
@@ -279,19 +348,31 @@ inline std::vector<char> convolve_amx(const Problem& p, const Axis& ax_h, const 
       const int64_t co0 = chunk * kAmxChannelChunk, rows = std::min(kAmxChannelChunk, Cout_g - co0);
       float* c = acc.get();
       for (int64_t r = 0; r < rows; ++r) std::fill_n(c + r * kPositions, kPositions, bias_f[g * Cout_g + co0 + r]);
-      const uint32_t* image = planes + n * pp.image / 2 + g * pp.pairs * pp.ld_b;
-      const at::BFloat16* a_tap = tw.data.data() + (g * tw.taps_per_group + tw.phase_start[i * n_pw + j]) * tw.matrix +
-                                  co0 * K;
+      const scalar_t* image = tp.data + n * tp.image + g * tp.group;
+      const scalar_t* a_tap = tw.data.data() + (g * tw.taps_per_group + tw.phase_start[i * n_pw + j]) * tw.matrix +
+                              co0 * K;
       for (const Tap& a : ph.taps) {
         const Split sa = split(a.offset, pl.step_h);
         for (const Tap& b : pw.taps) {
           const Split sb = split(b.offset, pl.step_w);
-          const uint32_t* run = image + (sa.r * pl.step_w + sb.r) * pl.size + (sa.q - pl.min_h) * pl.Wp +
-                                (sb.q - pl.min_w) + q0;
-          // N is always kPositions: a short last block reads into the planes' slack and its extra
+          const scalar_t* run = image + (sa.r * pl.step_w + sb.r) * tp.residue +
+                                ((sa.q - pl.min_h) * pl.Wp + (sb.q - pl.min_w) + q0) * tp.per_position;
+          // N is kPositions on the planes: a short last block reads into their slack and its extra
           // columns are dropped, so every task runs one kernel shape.
-          cpublas::brgemm(rows, kPositions, K, K, pp.ld_b, kPositions, true, a_tap,
-                          reinterpret_cast<const at::BFloat16*>(run), c, true);
+          const int64_t n_cols = tp.in_place ? q1 - q0 : kPositions;
+          if (paired || K <= kTapChunk) {
+            cpublas::brgemm(rows, n_cols, K, K, tp.ld_b, kPositions, true, a_tap, run, c, paired);
+          } else {
+            // float32 over more than kTapChunk channels: each chunk summed from zero and added to C, as
+            // the chassis chunks its taps (one running sum over thousands of channels would drift
+            // where the operands share a sign).
+            for (int64_t k0 = 0; k0 < K; k0 += kTapChunk) {
+              const int64_t kc = std::min(kTapChunk, K - k0);
+              cpublas::brgemm(rows, n_cols, kc, K, tp.ld_b, kPositions, false, a_tap + k0, run + k0 * tp.ld_b,
+                              part.get(), false);
+              for (int64_t i = 0; i < rows * kPositions; ++i) c[i] += part[i];
+            }
+          }
           a_tap += tw.matrix;
         }
       }
@@ -301,14 +382,14 @@ inline std::vector<char> convolve_amx(const Problem& p, const Axis& ax_h, const 
         const int64_t jh = q / pl.Wp, jw = q % pl.Wp, run_end = std::min(q1, (jh + 1) * pl.Wp);
         const int64_t count = std::max<int64_t>(0, std::min(run_end - q, pw.count - jw));
         for (int64_t r = 0; count > 0 && r < rows; ++r) {
-          at::BFloat16* dst = out + n * ol.n + (g * Cout_g + co0 + r) * ol.c + (ph.r + ax_h.out_step * jh) * ol.h +
-                              (pw.r + ax_w.out_step * jw) * ol.w;
-          store_row<at::BFloat16>(c + r * kPositions + (q - q0), dst, step, count);
+          scalar_t* dst = out + n * ol.n + (g * Cout_g + co0 + r) * ol.c + (ph.r + ax_h.out_step * jh) * ol.h +
+                          (pw.r + ax_w.out_step * jw) * ol.w;
+          store_row<scalar_t>(c + r * kPositions + (q - q0), dst, step, count);
         }
         q = run_end;
       }
     }
-    cpublas::brgemm_release(true);
+    cpublas::brgemm_release(paired);
   });
   return done;
 }
@@ -316,7 +397,7 @@ inline std::vector<char> convolve_amx(const Problem& p, const Axis& ax_h, const 
 #else
 
 template <typename scalar_t>
-bool amx_serves(const Problem&, const PaddedPlanes&) {
+bool tap_brgemm_serves(const Problem&, const PaddedPlanes&) {
   return false;
 }
 

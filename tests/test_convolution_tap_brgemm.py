@@ -1,20 +1,26 @@
-"""The AMX path of the bfloat16 convolutions (csrc/convolution/amx.h).
+"""One brgemm per spatial tap (csrc/convolution/tap_brgemm.h): bfloat16 on AMX, float32 on oneDNN.
 
 Where the CPU has AMX-BF16 (and torch's brgemm can use it), bfloat16 convolutions with at least 16
 input and 16 output channels per group run on the tile unit. The tile unit treats subnormal inputs
 as zero and flushes subnormal results, so the path is taken only for images whose operands keep
-every partial sum normal (the exponent rule in amx.h); the others go to the chassis. Here:
+every partial sum normal (the exponent rule in tap_brgemm.h); the others go to the chassis. float32
+convolutions of the same channel counts run on oneDNN's kernel where fuel_torch.float_brgemm() is on
+(at the AVX512 level). Here:
 
-- values against the float64 reference with the contract's bfloat16 claim (test_convolution's
+- values against the float64 reference with the contract's claim of each dtype (test_convolution's
   check_values), over geometries that reach every part of the path: stride and dilation (residue
   planes), conv_transpose2d (phases), groups, odd channel counts (a half-empty channel pair),
-  output channels past one 64-channel task, channels_last operands, no bias;
+  output channels past one 64-channel task, channels past one 256-channel chunk, a 1x1 conv read
+  in place, channels_last operands, no bias; and that the path served them
+  (fuel_torch._C.path_counts());
 - the exponent rule: operands the tile unit would flush (subnormal inputs, weights or biases, and
   products or sums below float32's normal range) give the chassis's exact results, image by image;
 - determinism: the same bits on every call, for every thread count, and per image as if alone;
-- the same suite with FUEL_AMX=0 (the chassis) in a child process, and the switch itself.
+- the same suite with FUEL_AMX=0 and FUEL_BRGEMM=0 (the chassis) in a child process, and the
+  switch itself.
 
-On a CPU without AMX every test here runs on the chassis and checks the same claims.
+On a CPU without AMX (or a level without the float32 path) those tests run on the chassis and check
+the same claims.
 """
 from __future__ import annotations
 
@@ -58,6 +64,8 @@ def test_the_switch_follows_the_cpu_and_fuel_amx():
 
 # (op, n, cin, cout, groups, kernel, spatial, geometry, bias)
 CASES = [
+    ("conv2d", 2, 96, 40, 1, (1, 1), (9, 11), {}, True),
+    ("conv2d", 1, 300, 24, 1, (3, 3), (6, 7), {"padding": 1}, True),
     ("conv2d", 2, 64, 64, 1, (3, 3), (14, 15), {"padding": 1}, True),
     ("conv2d", 2, 32, 48, 1, (3, 3), (13, 12), {"stride": 2, "padding": 1}, True),
     ("conv2d", 1, 24, 40, 1, (3, 3), (12, 11), {"padding": 2, "dilation": 2}, False),
@@ -73,16 +81,32 @@ CASES = [
 FORMATS = {"contiguous": torch.contiguous_format, "channels_last": torch.channels_last}
 
 
+def served_images(dtype) -> int:
+    counts = fuel_torch._C.path_counts()
+    return counts["amx_images"] if dtype == torch.bfloat16 else counts["float_brgemm_images"]
+
+
+def path_serves(dtype) -> bool:
+    """Whether calls of >= 16 channels per group in and out take the path here (bfloat16: with
+    operands that pass the exponent rule)."""
+    if dtype == torch.bfloat16:
+        return fuel_torch.amx_convolution()
+    return fuel_torch.float_brgemm() and fuel_torch.cpu_capability() == "AVX512"
+
+
 @pytest.mark.parametrize("x_format", FORMATS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[2]}x{c[3]}-g{c[4]}-{c[5]}-{c[7]}")
-def test_values_within_the_contract(case, x_format):
+def test_values_within_the_contract(case, dtype, x_format):
     op, n, cin, cout, groups, kernel, spatial, geometry, bias = case
     generator = torch.Generator().manual_seed(cin * cout)
-    x, w, b = operands(op, n, cin, cout, groups, kernel, spatial, bias, torch.bfloat16, generator)
+    x, w, b = operands(op, n, cin, cout, groups, kernel, spatial, bias, dtype, generator)
     x = x.contiguous(memory_format=FORMATS[x_format])
+    before = served_images(dtype)
     ours = API[op](x, w, b, **geometry)
+    assert served_images(dtype) - before == (n if path_serves(dtype) else 0)
     assert ours.is_contiguous(memory_format=FORMATS[x_format])
-    check_values(op, ours.contiguous(), x.contiguous(), w, b, geometry)
+    check_values(op, ours.contiguous(), x.contiguous(), w, b, geometry, versus_torch=dtype == torch.float32)
 
 
 def test_channels_last_weight():
@@ -134,11 +158,12 @@ def test_an_image_that_fails_the_rule_leaves_the_others_on_the_path():
     assert (whole[1].double().abs() > 0).all()  # the tile unit would have read image 1 as zeros
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("op", ("conv2d", "conv_transpose2d"))
-def test_deterministic_across_calls_threads_and_batches(op):
+def test_deterministic_across_calls_threads_and_batches(op, dtype):
     generator = torch.Generator().manual_seed(23)
     geometry = {"padding": 1, "stride": 2} if op == "conv2d" else {"padding": 1, "stride": 2, "output_padding": 1}
-    x, w, b = operands(op, 3, 64, 80, 1, (3, 3), (17, 19), True, torch.bfloat16, generator)
+    x, w, b = operands(op, 3, 64, 80, 1, (3, 3), (17, 19), True, dtype, generator)
     first = API[op](x, w, b, **geometry)
     assert all(reference.bit_equal(API[op](x, w, b, **geometry), first) for _ in range(5))
     assert_same_bits_for_every_thread_count(op, x, w, b, geometry, first)
@@ -147,8 +172,8 @@ def test_deterministic_across_calls_threads_and_batches(op):
 
 
 def test_the_suite_passes_on_the_chassis_too():
-    env = {**os.environ, "FUEL_AMX": "0"}
-    args = ["-q", "-x", "-p", "no:cacheprovider", str(TESTS / "test_convolution_amx.py"), "-k",
+    env = {**os.environ, "FUEL_AMX": "0", "FUEL_BRGEMM": "0"}
+    args = ["-q", "-x", "-p", "no:cacheprovider", str(TESTS / "test_convolution_tap_brgemm.py"), "-k",
             "not the_suite_passes_on_the_chassis"]
     result = subprocess.run([sys.executable, "-c", f"import sys, pytest; sys.exit(pytest.main({args!r}))"],
                             env=env, cwd=TESTS, capture_output=True, text=True, timeout=900)
