@@ -296,6 +296,15 @@ Tensor conv2d_weight_grad(const Tensor& x, const Tensor& grad_out, const c10::Sy
   return full.slice_symint(2, 0, kh).slice_symint(3, 0, kw).transpose(0, 1).contiguous();
 }
 
+// The bias gradient: g summed over images and positions. Halves are summed in float32 and rounded
+// once, as the forward's accumulator is; asking torch's sum for float32 lets it widen while it
+// reads (for bfloat16 it otherwise widens the whole tensor into a copy first, twice the time).
+Tensor bias_grad(const Tensor& g) {
+  const at::ScalarType dtype = g.scalar_type();
+  if (dtype != at::kBFloat16 && dtype != at::kHalf) return g.sum(at::IntArrayRef{0, 2, 3});
+  return g.sum(at::IntArrayRef{0, 2, 3}, false, at::kFloat).to(dtype);
+}
+
 // conv_transpose2d's output length without output_padding, for input length `in`.
 c10::SymInt transposed_size(const c10::SymInt& in, const c10::SymInt& k, int64_t stride, int64_t padding,
                             int64_t dilation) {
@@ -330,7 +339,7 @@ struct ConvBackward : Node {
       result[1] = transpose ? conv2d_weight_grad(g, input, kh, kw, stride, padding, dilation, groups)
                             : conv2d_weight_grad(input, g, kh, kw, stride, padding, dilation, groups);
     }
-    if (task_should_compute_output(2)) result[2] = g.sum(at::IntArrayRef{0, 2, 3});
+    if (task_should_compute_output(2)) result[2] = bias_grad(g);
     return result;
   }
 
