@@ -271,6 +271,14 @@ struct ConvTranspose2d {
                               *out_name = "conv_transpose2d.out";
 };
 
+// t [N][C][H][W] as a dense [C][N][H][W]. A contiguous t is copied as [C][N][H * W] (runs of H * W
+// elements), which torch copies about 3x faster in float32 than the 4-d transposed view.
+Tensor swap_images_and_channels(const Tensor& t) {
+  if (!t.is_contiguous()) return dense(t.transpose(0, 1));
+  return t.flatten(2).transpose(0, 1).contiguous().view_symint(
+      {t.sym_size(1), t.sym_size(0), t.sym_size(2), t.sym_size(3)});
+}
+
 // d(sum(grad_out * conv2d(x, w)))/dw, as one fuel conv2d.
 //
 // dw[o, i, kh, kw] = sum over images n and output positions p of grad_out[n, o, p] * x[n, i, p*stride + k*dilation
@@ -285,14 +293,14 @@ Tensor conv2d_weight_grad(const Tensor& x, const Tensor& grad_out, const c10::Sy
   if (n == 0) return at::zeros_symint({c_out, c_in / groups, kh, kw}, x.options());
   // Built with cat rather than as a reshape-permute-reshape view: inductor (torch 2.13) crashes on a
   // view with symbolic strides that the partitioner saves from the forward graph (dynamic=True training).
-  Tensor xs = x.transpose(0, 1);
+  Tensor xs = swap_images_and_channels(x);
   if (groups > 1) {
     std::vector<Tensor> per_group;
     for (const Tensor& part : x.chunk(groups, 1)) per_group.push_back(part.transpose(0, 1));
-    xs = at::cat(per_group, 1);
+    xs = dense(at::cat(per_group, 1));
   }
-  const Tensor gs = grad_out.transpose(0, 1);
-  const Tensor full = fuel_conv2d(dense(xs), dense(gs), dilation, padding, stride, groups);
+  const Tensor gs = swap_images_and_channels(grad_out);
+  const Tensor full = fuel_conv2d(xs, gs, dilation, padding, stride, groups);
   return full.slice_symint(2, 0, kh).slice_symint(3, 0, kw).transpose(0, 1).contiguous();
 }
 

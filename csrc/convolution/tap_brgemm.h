@@ -49,6 +49,22 @@ bool float_brgemm_enabled();
 
 namespace CPU_CAPABILITY {
 
+// The planes' memory, kept by the calling thread from one call to the next up to 64 MiB: a
+// fresh allocation of a few MB is a fresh mapping, and its first touch a page fault per 4 KiB page
+// (5% of a ResNet 3x3's time). Larger planes are allocated per call and freed on the next.
+template <typename T>
+inline T* reused_planes(int64_t count) {
+  constexpr int64_t kKept = (int64_t(64) << 20) / sizeof(T);
+  thread_local std::unique_ptr<T[]> kept;
+  thread_local int64_t capacity = 0;
+  if (count > capacity || (capacity > kKept && count <= kKept)) {
+    kept.reset();
+    kept = scratch<T>(count);
+    capacity = count;
+  }
+  return kept.get();
+}
+
 #if defined(CPU_CAPABILITY_AVX512)
 
 constexpr int64_t kPositions = 128;         // grid positions per task: one brgemm's N
@@ -234,22 +250,6 @@ bool tap_brgemm_serves(const Problem& p, const PaddedPlanes& pl) {
   } else {
     return false;
   }
-}
-
-// The pair planes' memory, kept by the calling thread from one call to the next up to 64 MiB: a
-// fresh allocation of a few MB is a fresh mapping, and its first touch a page fault per 4 KiB page
-// (5% of a ResNet 3x3's time). Larger planes are allocated per call and freed on the next.
-template <typename T>
-inline T* reused_planes(int64_t count) {
-  constexpr int64_t kKept = (int64_t(64) << 20) / sizeof(T);
-  thread_local std::unique_ptr<T[]> kept;
-  thread_local int64_t capacity = 0;
-  if (count > capacity || (capacity > kKept && count <= kKept)) {
-    kept.reset();
-    kept = scratch<T>(count);
-    capacity = count;
-  }
-  return kept.get();
 }
 
 // The planes brgemm reads as B: where image n's group g begins, the stride between B's K rows

@@ -69,7 +69,7 @@ constexpr bool kPaired = std::is_same_v<scalar_t, at::BFloat16>;
 // [plane / 2][N][2], from position 0 (even) and from position 1 (odd).
 template <typename scalar_t>
 struct ChannelBuffers {
-  std::unique_ptr<scalar_t[]> a, x, x_even, x_odd;
+  scalar_t *a = nullptr, *x = nullptr, *x_even = nullptr, *x_odd = nullptr;
 };
 
 // dst[j][b][0, 1] = (rows[2j + first][b], rows[2j + first + 1][b]) for j < pairs; rows are n long.
@@ -147,7 +147,7 @@ void fill_channel(const Problem& p, const Grid& g, int64_t c, const scalar_t* x,
   // A_c: kernel row kh at q = kh * Wp, zeros between rows and past the last one.
   at::parallel_for(0, p.Cout, 1, [&](int64_t first, int64_t last) {
     for (int64_t co = first; co < last; ++co) {
-      scalar_t* row = buf.a.get() + co * g.K;
+      scalar_t* row = buf.a + co * g.K;
       zero(row, g.K);
       for (int64_t kh = 0; kh < p.Kh; ++kh) {
         const scalar_t* src = w + co * ws[0] + c * ws[1] + kh * ws[2];
@@ -161,7 +161,7 @@ void fill_channel(const Problem& p, const Grid& g, int64_t c, const scalar_t* x,
   });
   // X_c: position (ih + ph) * Wp + (iw + pw), the images innermost; one slack position past the
   // planes' end for the odd pairing's last pair.
-  scalar_t* const xs = buf.x.get();
+  scalar_t* const xs = buf.x;
   at::parallel_for(0, g.Hp, 1, [&](int64_t first, int64_t last) {
     for (int64_t r = first; r < last; ++r) {
       const int64_t begin = r * g.Wp, end = r + 1 == g.Hp ? g.plane + 1 : (r + 1) * g.Wp;
@@ -192,8 +192,8 @@ void fill_channel(const Problem& p, const Grid& g, int64_t c, const scalar_t* x,
     }
   });
   if constexpr (kPaired<scalar_t>) {
-    pair_rows(xs, N, 0, g.plane / 2, buf.x_even.get());
-    pair_rows(xs, N, 1, g.plane / 2, buf.x_odd.get());
+    pair_rows(xs, N, 0, g.plane / 2, buf.x_even);
+    pair_rows(xs, N, 1, g.plane / 2, buf.x_odd);
   }
 }
 
@@ -289,13 +289,14 @@ void convolve_wide_brgemm(const Problem& p, const scalar_t* x, const Layout& xl,
       std::fill_n(acc.get() + t * kTile + r * cols, cols, bias ? static_cast<float>(bias[co0 + r]) : 0.f);
     }
   }
+  // One block for the four, kept by the calling thread between calls (a fresh one is a page fault
+  // per 4 KiB on first touch, as tap_brgemm.h measured).
+  const int64_t a_size = p.Cout * g.K, x_size = (g.plane + 1) * p.N, pair_size = paired ? g.plane * p.N : 0;
   ChannelBuffers<scalar_t> buf;
-  buf.a = scratch<scalar_t>(p.Cout * g.K);
-  buf.x = scratch<scalar_t>((g.plane + 1) * p.N);
-  if (paired) {
-    buf.x_even = scratch<scalar_t>(g.plane * p.N);
-    buf.x_odd = scratch<scalar_t>(g.plane * p.N);
-  }
+  buf.a = reused_planes<scalar_t>(a_size + x_size + 2 * pair_size);
+  buf.x = buf.a + a_size;
+  buf.x_even = buf.x + x_size;
+  buf.x_odd = buf.x_even + pair_size;
   const scalar_t* w = static_cast<const scalar_t*>(o.weight);
   for (int64_t c = 0; c < p.Cin; ++c) {
     fill_channel<scalar_t>(p, g, c, x, xl, w, o.weight_strides, buf);
@@ -308,9 +309,9 @@ void convolve_wide_brgemm(const Problem& p, const scalar_t* x, const Layout& xl,
           const int64_t co0 = cb * kGemmBlock, b0 = bb * kGemmBlock;
           const int64_t rows = std::min(kGemmBlock, p.Cout - co0), cols = std::min(kGemmBlock, p.N - b0);
           const int64_t shift = tap / p.Wo * p.stride[0] * g.Wp + tap % p.Wo * p.stride[1] + k0;
-          const scalar_t* a = buf.a.get() + co0 * g.K + k0;
-          const scalar_t* b = paired ? (shift % 2 ? buf.x_odd.get() : buf.x_even.get()) + (shift / 2) * 2 * p.N + 2 * b0
-                                     : buf.x.get() + shift * p.N + b0;
+          const scalar_t* a = buf.a + co0 * g.K + k0;
+          const scalar_t* b = paired ? (shift % 2 ? buf.x_odd : buf.x_even) + (shift / 2) * 2 * p.N + 2 * b0
+                                     : buf.x + shift * p.N + b0;
           cpublas::brgemm(rows, cols, kc, g.K, p.N, cols, false, a, b, part.get(), paired);
           float* sum = acc.get() + t * kTile;
           for (int64_t i = 0; i < rows * cols; ++i) sum[i] += part[i];
