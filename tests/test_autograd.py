@@ -390,3 +390,33 @@ def test_conv_empty_batch_has_zero_weight_grad():
     bias = torch.randn(6, dtype=torch.float64, requires_grad=True)
     torch.ops.fuel.conv2d(x, weight, bias, 1, 1, 1, 2).sum().backward()
     assert torch.equal(weight.grad, torch.zeros_like(weight)) and torch.equal(bias.grad, torch.zeros_like(bias))
+
+
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last], ids=str)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_half_bias_gradient_is_one_float32_sum_rounded_once(dtype, memory_format):
+    """A half conv's bias gradient sums the incoming gradient over images and positions in float32
+    and rounds once (a contiguous gradient in fuel's own loop, others in torch's sum): within half
+    an ulp of the exact sum plus the float32 summation bound, and the same bits for every thread
+    count."""
+    generator = torch.Generator().manual_seed(47)
+    x = torch.randn(3, 20, 13, 17, generator=generator).to(dtype)
+    w = torch.randn(24, 20, 3, 3, generator=generator).to(dtype)
+    g = (torch.randn(3, 24, 13, 17, generator=generator) + 0.5).to(dtype).contiguous(memory_format=memory_format)
+    grads = []
+    previous = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            b = torch.zeros(24, dtype=dtype, requires_grad=True)
+            fuel_torch.conv2d(x, w, b, padding=1).backward(g)
+            grads.append(b.grad)
+    finally:
+        torch.set_num_threads(previous)
+    assert all(reference.bit_equal(grad, grads[0]) for grad in grads)
+    exact = g.double().sum((0, 2, 3))
+    terms = 3 * 13 * 17
+    digits = 8 if dtype == torch.bfloat16 else 11
+    ulp = 2.0 ** (torch.floor(torch.log2(grads[0].double().abs())) - (digits - 1))
+    bound = ulp / 2 + terms * 2.0**-24 * g.double().abs().sum((0, 2, 3))
+    assert ((grads[0].double() - exact).abs() <= bound).all()
