@@ -234,19 +234,28 @@ inline Vectorized<double> exp2_of_product(const Vectorized<double>& z, const Vec
   // t = y k + (y s) p01 + (y s w^2) p234: y multiplies s, off the chain, not the polynomial's sum.
   const VD ys = y * s;
   const VD t = fmadd(ys * w2, p234, fmadd(ys, p01, y * k));
-  // t = n + f, n = round(t) (half to even), |f| <= 1/2, f exact. 2^n from n's bits: n clamped far
-  // outside float's range (2^+-400 stays normal in double) and added to 1.5 * 2^52 + 1023, which
-  // leaves n + 1023 in the low bits (n is an integer: adding t itself would round a half-integer t
-  // to the other neighbour wherever n + 1023 is the even one, and 2^n would then not match f).
+  // t = n + f, n = round(t) (half to even), |f| <= 1/2, f exact. Below AVX-512, 2^n from n's bits:
+  // n clamped far outside float's range (2^+-400 stays normal in double) and added to
+  // 1.5 * 2^52 + 1023, which leaves n + 1023 in the low bits (n is an integer: adding t itself
+  // would round a half-integer t to the other neighbour wherever n + 1023 is the even one, and 2^n
+  // would then not match f).
   const VD n = t.round();
   const VD f = t - n;
-  const VD biased = at::vec::clamp(n, VD(-400.0), VD(400.0)) + VD(0x1.8p52 + 1023);
-  const VD scale = double_from_bits(bits_of(biased) << Vectorized<int64_t>(52));
-  // 2^n (1 + f Q(f)) = scale + (f scale) (q01 + f^2 q2345), Q = q01 + f^2 q2345 in Estrin's form.
   const VD f2 = f * f;
   const VD q2345 = fmadd(f2, fmadd(f, VD(kExp2[5]), VD(kExp2[4])), fmadd(f, VD(kExp2[3]), VD(kExp2[2])));
+  const VD q01 = fmadd(f, VD(kExp2[1]), VD(kExp2[0]));
+#if defined(CPU_CAPABILITY_AVX512)
+  // 2^n (1 + f Q(f)), Q = q01 + f^2 q2345 in Estrin's form, the scaling by vscalefpd (exact, and
+  // inf or 0 far outside the range): the same bits as the scaled form below, in five fewer
+  // instructions per vector (a tenth of the loop).
+  return _mm512_scalef_pd(fmadd(f * f2, q2345, fmadd(f, q01, VD(1.0))), n);
+#else
+  const VD biased = at::vec::clamp(n, VD(-400.0), VD(400.0)) + VD(0x1.8p52 + 1023);
+  const VD scale = double_from_bits(bits_of(biased) << Vectorized<int64_t>(52));
+  // 2^n (1 + f Q(f)) = scale + (f scale) (q01 + f^2 q2345).
   const VD f_scale = f * scale;
-  return fmadd(f_scale * f2, q2345, fmadd(f_scale, fmadd(f, VD(kExp2[1]), VD(kExp2[0])), scale));
+  return fmadd(f_scale * f2, q2345, fmadd(f_scale, q01, scale));
+#endif
 }
 
 // |x| ** y from a core that is right for positive finite bases and finite exponents, with C99's
