@@ -27,6 +27,8 @@
 
 #include <ATen/native/CPUBlas.h>
 
+#include <cmath>
+
 #include "tap_brgemm.h"
 #include "kernel_table.h"
 #include "kernel_common.h"
@@ -244,12 +246,14 @@ bool wide_brgemm_serves(const Problem& p, const ConvOperands& o) {
     if (p.transpose || p.groups != 1 || p.dilation[0] != 1 || p.dilation[1] != 1 || p.N < 16 || p.Cout < 16) {
       return false;
     }
-    const Grid g = make_grid(p);
-    const int64_t tasks = ((p.Cout + kGemmBlock - 1) / kGemmBlock) * ((p.N + kGemmBlock - 1) / kGemmBlock) *
-                          p.Ho * p.Wo;
-    const int64_t bytes = (p.Cout * g.K + 3 * (g.plane + 1) * p.N) * static_cast<int64_t>(sizeof(scalar_t)) +
-                          tasks * kGemmBlock * kGemmBlock * static_cast<int64_t>(sizeof(float));
-    if (bytes > kBudgetBytes) return false;
+    // In double: the padded plane of a hostile padding may not fit int64 products (validation
+    // bounds the tensors, not this path's buffers).
+    const double tasks = std::ceil(double(p.Cout) / kGemmBlock) * std::ceil(double(p.N) / kGemmBlock) * p.Ho * p.Wo;
+    const double padded = (double(p.H) + 2.0 * p.padding[0]) * (double(p.W) + 2.0 * p.padding[1]);
+    const double bytes = (double(p.Cout) * (double(p.Kh) * (p.W + 2.0 * p.padding[1])) + 3.0 * (padded + 4) * p.N) *
+                             sizeof(scalar_t) +
+                         tasks * kGemmBlock * kGemmBlock * sizeof(float);
+    if (bytes > double(kBudgetBytes)) return false;
     if constexpr (is_float) {
       return float_brgemm_enabled();
     } else {
