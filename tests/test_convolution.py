@@ -22,7 +22,11 @@ Convolution results are not bit-defined (they depend on the summation order), so
 from __future__ import annotations
 
 import math
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -389,6 +393,18 @@ def test_every_channel_blocking(cout, groups, dtype):
 
 # ---------------------------------------------------------------------------------------------
 # Determinism
+
+
+def assert_file_passes_in_child(test_file, deselect: str, **env: str):
+    """Runs the test file (but the tests whose names contain `deselect`) in a child process with
+    `env` added to the environment (switches read once, at import), and asserts that it passes."""
+    args = ["-q", "-x", "-p", "no:cacheprovider", str(test_file), "-k", f"not {deselect}"]
+    # From tests/: the repository root would import the source folder, not the installed package.
+    result = subprocess.run([sys.executable, "-c", f"import sys, pytest; sys.exit(pytest.main({args!r}))"],
+                            env={**os.environ, **env}, cwd=Path(__file__).parent, capture_output=True, text=True,
+                            timeout=900)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout.splitlines()[-1], result.stdout[-500:]
 
 
 def assert_same_bits_for_every_thread_count(op, x, w, b, geometry, expected):

@@ -35,7 +35,8 @@ import torch
 import fuel_torch
 from fuel_torch import reference
 
-from test_convolution import API, assert_same_bits_for_every_thread_count, check_values, operands
+from test_convolution import (API, assert_file_passes_in_child, assert_same_bits_for_every_thread_count, check_values,
+                              operands)
 
 TESTS = Path(__file__).parent
 
@@ -172,10 +173,5 @@ def test_deterministic_across_calls_threads_and_batches(op, dtype):
 
 
 def test_the_suite_passes_on_the_chassis_too():
-    env = {**os.environ, "FUEL_AMX": "0", "FUEL_BRGEMM": "0"}
-    args = ["-q", "-x", "-p", "no:cacheprovider", str(TESTS / "test_convolution_tap_brgemm.py"), "-k",
-            "not the_suite_passes_on_the_chassis"]
-    result = subprocess.run([sys.executable, "-c", f"import sys, pytest; sys.exit(pytest.main({args!r}))"],
-                            env=env, cwd=TESTS, capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert " passed" in result.stdout.splitlines()[-1], result.stdout[-500:]
+    assert_file_passes_in_child(TESTS / "test_convolution_tap_brgemm.py", "the_suite_passes_on_the_chassis",
+                                FUEL_AMX="0", FUEL_BRGEMM="0")

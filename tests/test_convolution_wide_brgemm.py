@@ -34,7 +34,8 @@ import torch
 import fuel_torch
 from fuel_torch import convolution, reference
 
-from test_convolution import assert_same_bits_for_every_thread_count, check_values, operands
+from test_convolution import (assert_file_passes_in_child, assert_same_bits_for_every_thread_count, check_values,
+                              operands)
 
 TESTS = Path(__file__).parent
 DTYPES = [torch.float32, torch.bfloat16]
@@ -167,10 +168,5 @@ def test_the_switch_follows_the_level_mkldnn_and_fuel_brgemm():
 
 
 def test_the_suite_passes_on_the_portable_path_too():
-    env = {**os.environ, "FUEL_BRGEMM": "0", "FUEL_AMX": "0"}
-    args = ["-q", "-x", "-p", "no:cacheprovider", str(TESTS / "test_convolution_wide_brgemm.py"), "-k",
-            "not the_suite_passes_on_the_portable_path"]
-    result = subprocess.run([sys.executable, "-c", f"import sys, pytest; sys.exit(pytest.main({args!r}))"],
-                            env=env, cwd=TESTS, capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert " passed" in result.stdout.splitlines()[-1], result.stdout[-500:]
+    assert_file_passes_in_child(TESTS / "test_convolution_wide_brgemm.py", "the_suite_passes_on_the_portable_path",
+                                FUEL_AMX="0", FUEL_BRGEMM="0")
