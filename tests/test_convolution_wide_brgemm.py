@@ -137,6 +137,29 @@ def test_autograd_weight_gradient_within_the_bound(dtype):
         assert found["max_ulp"] <= 1 and found["bound_ok"], found
 
 
+@pytest.mark.parametrize("memory_format", FORMATS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_autograd_reads_x_and_the_gradient_in_place_with_the_conv2d_bits(dtype, memory_format):
+    """Without double backward, the weight gradient runs the wide brgemm path on x and grad_out with
+    their images and channels swapped through the strides (register.cpp, weight_grad_on_brgemm):
+    the same bits as the conv2d of the swapped copies, which double backward (and any call the path
+    does not serve) computes; one served call each."""
+    generator = torch.Generator().manual_seed(53)
+    fmt = FORMATS[memory_format]
+    x = torch.randn(4, 32, 20, 20, generator=generator).to(dtype).contiguous(memory_format=fmt)
+    w = torch.randn(24, 32, 3, 3, generator=generator).to(dtype).requires_grad_()
+    g = torch.randn(4, 24, 20, 20, generator=generator).to(dtype).contiguous(memory_format=fmt)
+    before = served_calls()
+    fuel_torch.conv2d(x, w, None, padding=1).backward(g)
+    assert served_calls() - before == int(path_serves(dtype))
+    swapped = fuel_torch.conv2d(x.transpose(0, 1).contiguous(), g.transpose(0, 1).contiguous(), None, padding=1)
+    assert reference.bit_equal(w.grad.contiguous(), swapped[:, :, :3, :3].transpose(0, 1).contiguous())
+    # With a graph to record, the differentiable route gives the same bits too.
+    w2 = w.detach().clone().requires_grad_()
+    (grad,) = torch.autograd.grad(fuel_torch.conv2d(x, w2, None, padding=1), w2, g, create_graph=True)
+    assert reference.bit_equal(grad.detach().contiguous(), w.grad.contiguous())
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_deterministic_across_calls_and_threads(dtype):
     generator = torch.Generator().manual_seed(37)

@@ -13,8 +13,13 @@ namespace fuel {
 // Computes out from the operands of one validated call (shapes as p describes them).
 using ConvolutionKernel = void (*)(const Problem& p, const ConvOperands& operands);
 
+// Computes a wide-kernel problem on brgemm if that path serves it (wide_brgemm.h) and says whether it
+// did. The weight gradient calls it with the real tensors in swapped layouts (weight_grad.cpp).
+using WideBrgemmKernel = bool (*)(const Problem& p, const ConvOperands& operands);
+
 struct ConvolutionKernels {
-  std::array<ConvolutionKernel, 4> convolve;  // float, double, BFloat16, Half
+  std::array<ConvolutionKernel, 4> convolve;            // float, double, BFloat16, Half
+  std::array<WideBrgemmKernel, 4> wide_brgemm_if_served;  // the same order
 };
 
 // What the brgemm paths have served since import (fuel_torch._C.path_counts()): which path a call

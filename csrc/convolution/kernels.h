@@ -81,6 +81,21 @@ void convolve_general(const Problem& p, const scalar_t* x, const Layout& xl, con
 }
 
 template <typename scalar_t>
+bool wide_brgemm_if_served(const Problem& p, const ConvOperands& o) {
+  if constexpr (kWideBrgemmDtype<scalar_t>) {
+    if (p.N == 0 || p.Cout == 0 || p.Ho == 0 || p.Wo == 0 || is_depthwise(p) || !is_wide_kernel<float>(p) ||
+        !wide_brgemm_serves<scalar_t>(p, o)) {
+      return false;
+    }
+    convolve_wide_brgemm<scalar_t>(p, static_cast<const scalar_t*>(o.x), o.x_layout, o,
+                                   static_cast<const scalar_t*>(o.bias), static_cast<scalar_t*>(o.out), o.out_layout);
+    return true;
+  } else {
+    return false;
+  }
+}
+
+template <typename scalar_t>
 void convolve(const Problem& p, const ConvOperands& o) {
   if (p.N == 0 || p.Cout == 0 || p.Ho == 0 || p.Wo == 0) return;
   const scalar_t* x = static_cast<const scalar_t*>(o.x);

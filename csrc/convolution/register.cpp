@@ -3,6 +3,7 @@
 // geometry (geometry.cpp), the result in the layout torch would return, then the kernel of its
 // dtype (kernels.cpp).
 #include <ATen/ATen.h>
+#include <ATen/TensorSubclassLikeUtils.h>
 #include <torch/library.h>
 
 #include <optional>
@@ -12,6 +13,7 @@
 #include "../dispatch.h"
 #include "geometry.h"
 #include "kernel_table.h"
+#include "weight_grad.h"
 
 namespace fuel {
 
@@ -98,6 +100,50 @@ at::Tensor& conv_transpose2d_out(const at::Tensor& x, const at::Tensor& weight, 
 }
 
 }  // namespace
+
+std::optional<at::Tensor> weight_grad_on_brgemm(const at::Tensor& x, const at::Tensor& grad_out, int64_t kh, int64_t kw,
+                                                at::IntArrayRef stride, at::IntArrayRef padding,
+                                                at::IntArrayRef dilation) {
+  const at::ScalarType dtype = x.scalar_type();
+  // Real CPU tensors only (fake ones, under torch.compile, have no data), each one dense block: the
+  // exponent scan reads the whole block.
+  auto plain = [](const at::Tensor& t) {
+    return !at::isTensorSubclassLike(t) && t.is_cpu() && t.layout() == at::kStrided && t.dim() == 4 &&
+           t.is_non_overlapping_and_dense();
+  };
+  if (!plain(x) || !plain(grad_out) || (dtype != at::kFloat && dtype != at::kBFloat16) || grad_out.scalar_type() != dtype ||
+      stride.size() != 2 || padding.size() != 2 || dilation.size() != 2) {
+    return std::nullopt;
+  }
+  // The weight gradient as conv2d's wide-kernel problem (autograd.cpp, conv2d_weight_grad): images are the
+  // input channels, channels the images, the kernel the output gradient; stride and dilation trade places.
+  // Only the kh x kw outputs the weight has are computed.
+  Problem p;
+  p.N = x.size(1), p.Cin = x.size(0), p.H = x.size(2), p.W = x.size(3);
+  p.Cout = grad_out.size(1), p.Kh = grad_out.size(2), p.Kw = grad_out.size(3), p.Ho = kh, p.Wo = kw;
+  for (int i = 0; i < 2; ++i) p.stride[i] = dilation[i], p.padding[i] = padding[i], p.dilation[i] = stride[i];
+  if (grad_out.size(0) != x.size(0) || p.N == 0 || p.Cin == 0 || p.Cout == 0 || kh <= 0 || kw <= 0) return std::nullopt;
+  // The outputs' reads stay inside the padded input: the last one starts at (kh - 1) * stride' and spans the
+  // gradient's (Kh - 1) * dilation' + 1 rows (likewise columns).
+  for (int i = 0; i < 2; ++i) {
+    const int64_t in = (i == 0 ? p.H : p.W) + 2 * p.padding[i], k = i == 0 ? p.Kh : p.Kw, out = i == 0 ? kh : kw;
+    if ((out - 1) * p.stride[i] + (k - 1) * p.dilation[i] + 1 > in) return std::nullopt;
+  }
+  at::Tensor dw = at::empty({p.Cout, p.N, kh, kw}, x.options());
+  ConvOperands o;
+  o.x = x.const_data_ptr();
+  o.x_layout = {x.stride(1), x.stride(0), x.stride(2), x.stride(3)};
+  o.weight = grad_out.const_data_ptr();
+  o.weight_strides[0] = grad_out.stride(1), o.weight_strides[1] = grad_out.stride(0);
+  o.weight_strides[2] = grad_out.stride(2), o.weight_strides[3] = grad_out.stride(3);
+  o.weight_contiguous = false;
+  o.out = dw.mutable_data_ptr();
+  o.out_layout = {dw.stride(1), dw.stride(0), dw.stride(2), dw.stride(3)};
+  if (!FUEL_KERNELS_FOR_CPU(convolution_kernels).wide_brgemm_if_served[kernel_dtype_slot(dtype)](p, o)) {
+    return std::nullopt;
+  }
+  return dw;
+}
 
 TORCH_LIBRARY_IMPL(fuel, CPU, m) {
   m.impl("conv2d", TORCH_FN(conv2d));

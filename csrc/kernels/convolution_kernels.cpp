@@ -10,7 +10,9 @@ namespace CPU_CAPABILITY {
 
 extern const ConvolutionKernels convolution_kernels;
 const ConvolutionKernels convolution_kernels = {
-    {&convolve<float>, &convolve<double>, &convolve<at::BFloat16>, &convolve<at::Half>}};
+    {&convolve<float>, &convolve<double>, &convolve<at::BFloat16>, &convolve<at::Half>},
+    {&wide_brgemm_if_served<float>, &wide_brgemm_if_served<double>, &wide_brgemm_if_served<at::BFloat16>,
+     &wide_brgemm_if_served<at::Half>}};
 
 }  // namespace CPU_CAPABILITY
 }  // namespace fuel
