@@ -51,6 +51,22 @@ inline int64_t floor_div(__int128 a, int64_t b) {
   return static_cast<int64_t>(std::clamp<__int128>(q, -limit, limit));
 }
 
+// A task of the planar-geometry paths: (image n, group g, phase (i, j), block of grid positions,
+// chunk of output channels), numbered with the channel chunk fastest.
+struct PhaseTask {
+  int64_t n, g, i, j, block, chunk;
+};
+
+inline PhaseTask phase_task(int64_t task, int64_t G, int64_t n_ph, int64_t n_pw, int64_t blocks, int64_t chunks) {
+  PhaseTask t;
+  t.chunk = task % chunks, task /= chunks;
+  t.block = task % blocks, task /= blocks;
+  t.j = task % n_pw, task /= n_pw;
+  t.i = task % n_ph, task /= n_ph;
+  t.g = task % G, t.n = task / G;
+  return t;
+}
+
 inline Axis make_axis(const Problem& p, int i) {
   const int64_t in = i == 0 ? p.H : p.W, out = i == 0 ? p.Ho : p.Wo, kernel = i == 0 ? p.Kh : p.Kw;
   const int64_t s = p.stride[i], pad = p.padding[i], d = p.dilation[i];

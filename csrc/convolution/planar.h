@@ -182,12 +182,7 @@ void convolve_planar(const Problem& p, const ChassisPlan& plan, const PaddedPlan
     const auto outer = scratch<acc_t>(plan.chunk_rows * ld), partial = scratch<acc_t>(plan.chunk_rows * ld);
     std::vector<const acc_t*> runs;
     for (int64_t task = first_task; task < last_task; ++task) {
-      int64_t rest = task;
-      const int64_t chunk = rest % co_chunks; rest /= co_chunks;
-      const int64_t block = rest % row_blocks; rest /= row_blocks;
-      const int64_t j = rest % n_pw; rest /= n_pw;
-      const int64_t i = rest % n_ph; rest /= n_ph;
-      const int64_t g = rest % G, n = rest / G;
+      const auto [n, g, i, j, block, chunk] = phase_task(task, G, n_ph, n_pw, row_blocks, co_chunks);
       const Phase &ph = plan.ax_h.phases[i], &pw = plan.ax_w.phases[j];
       const int64_t jh0 = block * rows_per_task, jh1 = std::min(ph.count, jh0 + rows_per_task);
       if (jh0 >= jh1) continue;  // a phase with fewer grid rows than the longest

@@ -335,12 +335,7 @@ std::vector<char> convolve_tap_brgemm(const Problem& p, const Axis& ax_h, const 
     const auto acc = scratch<float>(kAmxChannelChunk * kPositions);
     const auto part = scratch<float>(paired || K <= kTapChunk ? 0 : kAmxChannelChunk * kPositions);
     for (int64_t task = first_task; task < last_task; ++task) {
-      int64_t rest = task;
-      const int64_t chunk = rest % co_chunks; rest /= co_chunks;
-      const int64_t block = rest % blocks; rest /= blocks;
-      const int64_t j = rest % n_pw; rest /= n_pw;
-      const int64_t i = rest % n_ph; rest /= n_ph;
-      const int64_t g = rest % G, n = rest / G;
+      const auto [n, g, i, j, block, chunk] = phase_task(task, G, n_ph, n_pw, blocks, co_chunks);
       if (!done[n]) continue;
       const Phase &ph = ax_h.phases[i], &pw = ax_w.phases[j];
       const int64_t q0 = block * kPositions, q1 = std::min(ph.count * pl.Wp, q0 + kPositions);
