@@ -37,9 +37,13 @@ namespace fuel {
 
 namespace CPU_CAPABILITY {
 
-// The dtypes brgemm takes with a float32 accumulator here.
+// The dtypes this path takes at this level: float32 (oneDNN's kernel), and at AVX512 bfloat16 (AMX).
 template <typename scalar_t>
-constexpr bool kWideBrgemmDtype = std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, at::BFloat16>;
+constexpr bool kWideBrgemmDtype = std::is_same_v<scalar_t, float>
+#if defined(CPU_CAPABILITY_AVX512)
+                                  || std::is_same_v<scalar_t, at::BFloat16>
+#endif
+    ;
 
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
 
@@ -74,25 +78,21 @@ struct ChannelBuffers {
   scalar_t *a = nullptr, *x = nullptr, *x_even = nullptr, *x_odd = nullptr;
 };
 
+#if defined(CPU_CAPABILITY_AVX512)
 // dst[j][b][0, 1] = (rows[2j + first][b], rows[2j + first + 1][b]) for j < pairs; rows are n long.
+// tap_brgemm.h's row interleaving; its exponent scan is not needed here (the call's operands were
+// scanned whole).
 inline void pair_rows(const at::BFloat16* rows, int64_t n, int64_t first, int64_t pairs, at::BFloat16* dst) {
   at::parallel_for(0, pairs, std::max<int64_t>(1, 4096 / n), [&](int64_t begin, int64_t end) {
+    int emin = kSmallestEx;
+    bool subnormal = false;
     for (int64_t j = begin; j < end; ++j) {
       const uint16_t* r0 = reinterpret_cast<const uint16_t*>(rows + (2 * j + first) * n);
-      const uint16_t* r1 = r0 + n;
-      uint16_t* d = reinterpret_cast<uint16_t*>(dst + j * 2 * n);
-      int64_t b = 0;
-#if defined(CPU_CAPABILITY_AVX512)
-      for (; b + 16 <= n; b += 16) {
-        const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0 + b)));
-        const __m512i hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r1 + b)));
-        _mm512_storeu_si512(d + 2 * b, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
-      }
-#endif
-      for (; b < n; ++b) d[2 * b] = r0[b], d[2 * b + 1] = r1[b];
+      interleave_row(r0, r0 + n, 1, n, reinterpret_cast<uint32_t*>(dst + j * 2 * n), emin, subnormal);
     }
   });
 }
+#endif
 
 #if defined(CPU_CAPABILITY_AVX512)
 // A 16 x 16 transpose of 32-bit lanes in registers.
@@ -242,33 +242,31 @@ bool wide_brgemm_serves(const Problem& p, const ConvOperands& o) {
   using namespace wide_brgemm_detail;
   constexpr bool is_float = std::is_same_v<scalar_t, float>;
   static_assert(kWideBrgemmDtype<scalar_t>);
-  {
-    if (p.transpose || p.groups != 1 || p.dilation[0] != 1 || p.dilation[1] != 1 || p.N < 16 || p.Cout < 16) {
-      return false;
-    }
-    // In double: the padded plane of a hostile padding may not fit int64 products (validation
-    // bounds the tensors, not this path's buffers).
-    const double tasks = std::ceil(double(p.Cout) / kGemmBlock) * std::ceil(double(p.N) / kGemmBlock) * p.Ho * p.Wo;
-    const double padded = (double(p.H) + 2.0 * p.padding[0]) * (double(p.W) + 2.0 * p.padding[1]);
-    const double bytes = (double(p.Cout) * (double(p.Kh) * (p.W + 2.0 * p.padding[1])) + 3.0 * (padded + 4) * p.N) *
-                             sizeof(scalar_t) +
-                         tasks * kGemmBlock * kGemmBlock * sizeof(float);
-    if (bytes > double(kBudgetBytes)) return false;
-    if constexpr (is_float) {
-      return float_brgemm_enabled();
-    } else {
+  if (p.transpose || p.groups != 1 || p.dilation[0] != 1 || p.dilation[1] != 1 || p.N < 16 || p.Cout < 16) {
+    return false;
+  }
+  // In double: the padded plane of a hostile padding may not fit int64 products (validation
+  // bounds the tensors, not this path's buffers).
+  const double tasks = std::ceil(double(p.Cout) / kGemmBlock) * std::ceil(double(p.N) / kGemmBlock) * p.Ho * p.Wo;
+  const double padded = (double(p.H) + 2.0 * p.padding[0]) * (double(p.W) + 2.0 * p.padding[1]);
+  const double bytes = (double(p.Cout) * (double(p.Kh) * (p.W + 2.0 * p.padding[1])) + 3.0 * (padded + 4) * p.N) *
+                           sizeof(scalar_t) +
+                       tasks * kGemmBlock * kGemmBlock * sizeof(float);
+  if (bytes > double(kBudgetBytes)) return false;
+  if constexpr (is_float) {
+    return float_brgemm_enabled();
+  } else {
 #if defined(CPU_CAPABILITY_AVX512)
-      if (!amx_convolution_enabled()) return false;
-      int ex = kSmallestEx, ew = kSmallestEx, eb = kSmallestEx;
-      bool subnormal = false;
-      scan_dense(static_cast<const at::BFloat16*>(o.x), p.N * p.Cin * p.H * p.W, ex, subnormal);
-      scan_dense(static_cast<const at::BFloat16*>(o.weight), p.Cout * p.Cin * p.Kh * p.Kw, ew, subnormal);
-      if (o.bias) scan_exponents(static_cast<const at::BFloat16*>(o.bias), p.Cout, 1, eb, subnormal);
-      return !subnormal && sums_stay_normal(ex, ew, eb);
+    if (!amx_convolution_enabled()) return false;
+    int ex = kSmallestEx, ew = kSmallestEx, eb = kSmallestEx;
+    bool subnormal = false;
+    scan_dense(static_cast<const at::BFloat16*>(o.x), p.N * p.Cin * p.H * p.W, ex, subnormal);
+    scan_dense(static_cast<const at::BFloat16*>(o.weight), p.Cout * p.Cin * p.Kh * p.Kw, ew, subnormal);
+    if (o.bias) scan_exponents(static_cast<const at::BFloat16*>(o.bias), p.Cout, 1, eb, subnormal);
+    return !subnormal && sums_stay_normal(ex, ew, eb);
 #else
-      return false;
+    return false;
 #endif
-    }
   }
 }
 
