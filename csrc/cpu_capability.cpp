@@ -162,6 +162,12 @@ bool float_brgemm_enabled() {
   return allowed && capability() != Capability::DEFAULT && at::globalContext().userEnabledMkldnn();
 }
 
+// Read per call, so that one process can compare the patch path with the per-tap one.
+bool patch_brgemm_allowed() {
+  const char* env = std::getenv("FUEL_PATCH");
+  return !(env && std::string(env) == "0");
+}
+
 PathCounts& path_counts() {
   static PathCounts counts;
   return counts;
@@ -172,6 +178,7 @@ void bind_cpu_capability(pybind11::module_& m) {
     const PathCounts& c = path_counts();
     return std::map<std::string, int64_t>{{"amx_images", c.amx_images.load()},
                                           {"float_brgemm_images", c.float_brgemm_images.load()},
+                                          {"patch_brgemm_images", c.patch_brgemm_images.load()},
                                           {"wide_brgemm_calls", c.wide_brgemm_calls.load()}};
   }, "How many images the bfloat16 AMX and float32 per-tap brgemm paths, and how many calls the wide-kernel "
      "brgemm path, have computed since import.");

@@ -19,6 +19,9 @@ convolutions of the same channel counts run on oneDNN's kernel where fuel_torch.
 - the same suite with FUEL_AMX=0 and FUEL_BRGEMM=0 (the chassis) in a child process, and the
   switch itself.
 
+Every test here runs with FUEL_PATCH=0: most of these calls would otherwise take the patch path
+(test_convolution_patch_brgemm.py), which is tested on the same claims there.
+
 On a CPU without AMX (or a level without the float32 path) those tests run on the chassis and check
 the same claims.
 """
@@ -39,6 +42,11 @@ from test_convolution import (API, assert_file_passes_in_child, assert_same_bits
                               operands)
 
 TESTS = Path(__file__).parent
+
+
+@pytest.fixture(autouse=True)
+def per_tap_path(monkeypatch):
+    monkeypatch.setenv("FUEL_PATCH", "0")  # read per call
 
 
 def cpu_flags() -> set[str]:

@@ -28,6 +28,7 @@ struct ConvolutionKernels {
 struct PathCounts {
   std::atomic<int64_t> amx_images{0};           // images convolved on the tile unit (tap_brgemm.h)
   std::atomic<int64_t> float_brgemm_images{0};  // float32 images convolved by tap (tap_brgemm.h)
+  std::atomic<int64_t> patch_brgemm_images{0};  // images convolved by patch (patch_brgemm.h), either dtype
   std::atomic<int64_t> wide_brgemm_calls{0};    // wide-kernel calls on brgemm (wide_brgemm.h)
 };
 PathCounts& path_counts();

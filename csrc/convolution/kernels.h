@@ -6,11 +6,12 @@
 // All read x and write out through their layouts (NCHW or NHWC) and the weight through its strides.
 #pragma once
 
-#include "tap_brgemm.h"
 #include "chassis.h"
 #include "depthwise.h"
 #include "packing.h"
+#include "patch_brgemm.h"
 #include "planar.h"
+#include "tap_brgemm.h"
 #include "wide_brgemm.h"
 #include "wide_kernel.h"
 
@@ -56,18 +57,24 @@ void convolve_on_chassis(const Problem& p, const scalar_t* x, const Layout& xl, 
   convolve_chassis<scalar_t>(p, plan, x, xl, w_rows, bias_acc.data(), out, ol);
 }
 
-// One brgemm per tap where it serves (tap_brgemm.h: bfloat16 on AMX, image by image where it computes
-// the contract's sums; float32 on oneDNN's kernel); the chassis for every other call and every image
-// the brgemm path leaves.
+// The brgemm paths where one serves (bfloat16 on AMX, image by image where it computes the
+// contract's sums; float32 on oneDNN's kernel): per block of positions over whole patches
+// (patch_brgemm.h) where that serves, else one brgemm per tap (tap_brgemm.h). The chassis for every
+// other call and every image a brgemm path leaves.
 template <typename scalar_t>
 void convolve_general(const Problem& p, const scalar_t* x, const Layout& xl, const ConvOperands& o,
                       const scalar_t* bias, scalar_t* out, const Layout& ol) {
 #if defined(CPU_CAPABILITY_AVX512)
   if constexpr (std::is_same_v<scalar_t, at::BFloat16> || std::is_same_v<scalar_t, float>) {
     const Axis ax_h = make_axis(p, 0), ax_w = make_axis(p, 1);
+    std::vector<char> done;
     const PaddedPlanes planes = padded_planes(ax_h, ax_w, kPositions);
-    if (tap_brgemm_serves<scalar_t>(p, planes)) {
-      const std::vector<char> done = convolve_tap_brgemm<scalar_t>(p, ax_h, ax_w, planes, x, xl, o, bias, out, ol);
+    if (patch_brgemm_serves<scalar_t>(p, ax_h, ax_w)) {
+      done = convolve_patch_brgemm<scalar_t>(p, ax_h, ax_w, x, xl, o, bias, out, ol);
+    } else if (tap_brgemm_serves<scalar_t>(p, planes)) {
+      done = convolve_tap_brgemm<scalar_t>(p, ax_h, ax_w, planes, x, xl, o, bias, out, ol);
+    }
+    if (!done.empty()) {
       Problem one = p;
       one.N = 1;
       for (int64_t n = 0; n < p.N; ++n) {

@@ -88,6 +88,41 @@ inline void scan_exponents(const at::BFloat16* src, int64_t n, int64_t stride, i
   subnormal = subnormal || sub;
 }
 
+// scan_exponents for a dense run, 32 values to an instruction group.
+inline void fold_exponents(const uint16_t* bits, int64_t n, int& emin, bool& subnormal) {
+  const __m512i magnitude = _mm512_set1_epi16(0x7fff), exponent = _mm512_set1_epi16(0xff);
+  __m512i e_low = _mm512_set1_epi16(kSmallestEx);
+  __mmask32 any_sub = 0;
+  for (int64_t i = 0; i < n; i += 32) {
+    const __mmask32 lanes = n - i >= 32 ? ~__mmask32(0) : __mmask32((1u << (n - i)) - 1);
+    const __m512i x = _mm512_maskz_loadu_epi16(lanes, bits + i);  // masked-off lanes read as zero
+    const __mmask32 nonzero = _mm512_test_epi16_mask(x, magnitude);
+    const __m512i e = _mm512_and_si512(_mm512_srli_epi16(x, 7), exponent);
+    e_low = _mm512_mask_min_epu16(e_low, nonzero, e_low, e);
+    any_sub |= _mm512_mask_cmpeq_epi16_mask(nonzero, e, _mm512_setzero_si512());
+  }
+  alignas(64) uint16_t lanes_low[32];
+  _mm512_store_si512(lanes_low, e_low);
+  for (uint16_t l : lanes_low) emin = std::min<int>(emin, l);
+  subnormal = subnormal || any_sub != 0;
+}
+
+// Per image, the smallest biased exponent of its nonzero elements and whether any is subnormal,
+// folded in by the threads that fill the image's buffers.
+struct ImageExponents {
+  std::vector<std::atomic<int>> low;
+  std::vector<std::atomic<char>> sub;
+  explicit ImageExponents(int64_t images) : low(images), sub(images) {
+    for (int64_t n = 0; n < images; ++n) low[n] = kSmallestEx, sub[n] = 0;
+  }
+  void fold(int64_t n, int emin, bool subnormal) {
+    int seen = low[n].load();
+    while (emin < seen && !low[n].compare_exchange_weak(seen, emin)) {
+    }
+    if (subnormal) sub[n] = 1;
+  }
+};
+
 // Whether a product of two nonzero normal bf16 values of biased exponents >= ex and >= ew, and a
 // bias of biased exponent >= eb, keep every float32 partial sum zero or normal (see the top).
 inline bool sums_stay_normal(int ex, int ew, int eb) { return ex + ew >= 142 && eb >= 8; }
@@ -145,9 +180,7 @@ inline void fill_pair_planes(const Problem& p, const PaddedPlanes& pl, const Pai
                              const Layout& xl, uint32_t* planes, std::vector<int>& emin, std::vector<char>& subnormal) {
   const int64_t Cin_g = p.Cin / p.groups, residues = pl.step_h * pl.step_w;
   const int64_t items_per_image = p.groups * pp.pairs * residues;
-  std::vector<std::atomic<int>> low(p.N);
-  std::vector<std::atomic<char>> sub(p.N);
-  for (int64_t n = 0; n < p.N; ++n) low[n] = kSmallestEx, sub[n] = 0;
+  ImageExponents seen(p.N);
   const uint16_t* xb = reinterpret_cast<const uint16_t*>(x);
   at::parallel_for(0, p.N * items_per_image, std::max<int64_t>(1, (1 << 13) / pl.size), [&](int64_t first, int64_t last) {
     for (int64_t item = first; item < last; ++item) {
@@ -176,15 +209,12 @@ inline void fill_pair_planes(const Problem& p, const PaddedPlanes& pl, const Pai
         std::fill_n(row + hi, pl.Wp - hi, 0u);
       }
       std::fill_n(dst + pl.Hp * pl.Wp, pl.size - pl.Hp * pl.Wp, 0u);
-      int seen = low[n].load();
-      while (e_low < seen && !low[n].compare_exchange_weak(seen, e_low)) {
-      }
-      if (any_sub) sub[n] = 1;
+      seen.fold(n, e_low, any_sub);
     }
   });
   emin.assign(p.N, kSmallestEx);
   subnormal.assign(p.N, 0);
-  for (int64_t n = 0; n < p.N; ++n) emin[n] = low[n].load(), subnormal[n] = sub[n].load();
+  for (int64_t n = 0; n < p.N; ++n) emin[n] = seen.low[n].load(), subnormal[n] = seen.sub[n].load();
 }
 
 // The weights as one [Cout_g][K] matrix (brgemm's A, row-major) per group, phase and spatial tap,

@@ -30,6 +30,7 @@
 #include <cmath>
 
 #include "tap_brgemm.h"
+#include "tiles.h"
 #include "kernel_table.h"
 #include "kernel_common.h"
 
@@ -94,53 +95,6 @@ inline void pair_rows(const at::BFloat16* rows, int64_t n, int64_t first, int64_
 }
 #endif
 
-#if defined(CPU_CAPABILITY_AVX512)
-// A 16 x 16 transpose of 32-bit lanes in registers.
-inline void transpose16(__m512i r[16]) {
-  __m512i t[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) {
-    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-  }
-  for (int i = 0; i < 8; ++i) {  // 128-bit blocks: rows i and i + 8 exchange blocks 1 and 2, ...
-    const int a = (i & 3) | ((i & 4) << 1), b = a + 4;
-    t[a] = _mm512_shuffle_i32x4(r[a], r[b], 0x88);
-    t[b] = _mm512_shuffle_i32x4(r[a], r[b], 0xdd);
-  }
-  for (int i = 0; i < 8; ++i) {
-    const int a = i, b = i + 8;
-    r[a] = _mm512_shuffle_i32x4(t[a], t[b], 0x88);
-    r[b] = _mm512_shuffle_i32x4(t[a], t[b], 0xdd);
-  }
-}
-
-// dst[j * ldd + i] = src[i * lds + j] for a 16 x 16 tile of float or bfloat16.
-template <typename scalar_t>
-inline void transpose_tile(const scalar_t* src, int64_t lds, scalar_t* dst, int64_t ldd) {
-  __m512i r[16];
-  for (int i = 0; i < 16; ++i) {
-    if constexpr (sizeof(scalar_t) == 4) {
-      r[i] = _mm512_loadu_si512(src + i * lds);
-    } else {
-      r[i] = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i * lds)));
-    }
-  }
-  transpose16(r);
-  for (int j = 0; j < 16; ++j) {
-    if constexpr (sizeof(scalar_t) == 4) {
-      _mm512_storeu_si512(dst + j * ldd, r[j]);
-    } else {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + j * ldd), _mm512_cvtepi32_epi16(r[j]));
-    }
-  }
-}
-#endif
 
 template <typename scalar_t>
 void fill_channel(const Problem& p, const Grid& g, int64_t c, const scalar_t* x, const Layout& xl, const scalar_t* w,
@@ -201,31 +155,18 @@ void fill_channel(const Problem& p, const Grid& g, int64_t c, const scalar_t* x,
 
 #if defined(CPU_CAPABILITY_AVX512)
 // The smallest biased exponent of the nonzero bfloat16 values in a dense block, and whether any
-// is subnormal: scan_exponents' answer, 32 values to an instruction group.
+// is subnormal: scan_exponents' answer, split over the threads.
 inline void scan_dense(const at::BFloat16* data, int64_t n, int& emin, bool& subnormal) {
   std::vector<int> low(at::get_num_threads(), kSmallestEx);
   std::vector<char> sub(low.size(), 0);
   const uint16_t* bits = reinterpret_cast<const uint16_t*>(data);
   at::parallel_for(0, (n + 31) / 32, 2048, [&](int64_t first, int64_t last) {
-    const __m512i magnitude = _mm512_set1_epi16(0x7fff), exponent = _mm512_set1_epi16(0xff);
-    __m512i e_low = _mm512_set1_epi16(kSmallestEx);
-    __mmask32 any_sub = 0;
-    for (int64_t v = first; v < last; ++v) {
-      const int64_t i = v * 32;
-      const __mmask32 lanes = n - i >= 32 ? ~__mmask32(0) : __mmask32((1u << (n - i)) - 1);
-      const __m512i x = _mm512_maskz_loadu_epi16(lanes, bits + i);  // masked-off lanes read as zero
-      const __mmask32 nonzero = _mm512_test_epi16_mask(x, magnitude);
-      const __m512i e = _mm512_and_si512(_mm512_srli_epi16(x, 7), exponent);
-      e_low = _mm512_mask_min_epu16(e_low, nonzero, e_low, e);
-      any_sub |= _mm512_mask_cmpeq_epi16_mask(nonzero, e, _mm512_setzero_si512());
-    }
-    alignas(64) uint16_t lanes_low[32];
-    _mm512_store_si512(lanes_low, e_low);
     int e = kSmallestEx;
-    for (uint16_t l : lanes_low) e = std::min<int>(e, l);
+    bool any_sub = false;
+    fold_exponents(bits + first * 32, std::min(n, last * 32) - first * 32, e, any_sub);
     const int t = at::get_thread_num();
     low[t] = std::min(low[t], e);
-    sub[t] = sub[t] || any_sub != 0;
+    sub[t] = sub[t] || any_sub;
   });
   for (size_t t = 0; t < low.size(); ++t) emin = std::min(emin, low[t]), subnormal = subnormal || sub[t];
 }

@@ -1,0 +1,406 @@
+// One brgemm per block of output positions over each position's whole receptive field (its patch,
+// an im2col row), through torch's brgemm (ATen/native/CPUBlas.h): bfloat16 on the AMX tile unit,
+// float32 on oneDNN's AVX-512 kernel.
+//
+// tap_brgemm.h reduces over one tap's channels per brgemm and adds the taps in C. Where a group has
+// few channels (a 3-channel stem, 16-channel groups) or the taps are spread (dilation), each of
+// those brgemms does little but move C. Here the input is staged once, zero-padded, with each
+// group's channels innermost, [n][g][row][column][channel] (channels rounded up to a pair for
+// bfloat16, the pad channel zero). A position's patch is then a few contiguous runs of one staged
+// image: taps adjacent along a row (dilation 1, or a transposed conv's phase) are one run. A task
+// copies the patches of kPatchRows positions of one phase into A = [positions][K], K = taps x
+// channels, and runs one brgemm per block of output channels against B, the weight packed once per
+// call as [K][Cout_g] (bfloat16: VNNI pairs along K). C = [positions][output channels] starts at the
+// bias and is turned round to an NCHW output by 16 x 16 register transposes.
+//
+// Summation order, fixed by the geometry alone: each output starts at its bias, then K in the order
+// (tap row, tap column, channel) over the taps that reach its phase, each axis's taps sorted by
+// input offset. bfloat16: the tile unit adds the exact products of its chunks of 32 channel pairs in
+// float32, to nearest even; the exponent rule of tap_brgemm.h keeps every operand and partial sum
+// normal, checked image by image (an image that fails is left to the caller). float32: chunks of
+// at most kPatchChunk terms (a copied patch's K, or an in-place run, cut every kPatchChunk terms),
+// each summed by oneDNN's kernel from zero (one fused multiply-add chain per output, in K order)
+// and added in turn to C.
+#pragma once
+
+#include <ATen/native/CPUBlas.h>
+
+#include <cstring>
+
+#include "axes.h"
+#include "kernel_common.h"
+#include "kernel_table.h"
+#include "tap_brgemm.h"
+#include "tiles.h"
+
+namespace fuel {
+
+// Whether the patch path may run where it serves (cpu_capability.cpp): FUEL_PATCH not "0".
+bool patch_brgemm_allowed();
+
+namespace CPU_CAPABILITY {
+
+#if defined(CPU_CAPABILITY_AVX512)
+
+constexpr int64_t kPatchRows = 64;      // positions per task: brgemm's M
+constexpr int64_t kPatchChannels = 64;  // output channels per brgemm: its N
+// float32 terms per brgemm: each chunk is summed from zero and added to C. 64 keeps the largest
+// error near torch's (256 doubled it: one fused chain over a 3x3 kernel's row of 64 channels) and
+// costs no time against 256 on a ResNet 3x3.
+constexpr int64_t kPatchChunk = 64;
+constexpr double kStagingBudget = double(int64_t(256) << 20);
+
+// The staged input: image n's group g at data + (n * groups + g) * image_group, element
+// [row][column][channel] = x[n][g * Cin_g + channel][row + min_h][column + min_w], zero outside x.
+struct PatchStaging {
+  int64_t Cp = 0;                // channels per position: Cin_g, bfloat16 rounded up to a pair
+  int64_t min_h = 0, min_w = 0;  // the input row and column of staged row and column 0
+  int64_t Hs = 0, Ws = 0, image_group = 0;
+};
+
+// A run of `length` staged elements at `offset` from a position's first element: part of its patch.
+struct PatchRun {
+  int64_t offset, length;
+};
+
+// One phase's patch: its runs in K order, K, and where the phase's packed weights begin.
+struct PatchPhase {
+  std::vector<PatchRun> runs;
+  std::vector<int64_t> run_k;  // where each run's terms begin in K
+  int64_t K = 0, weight_offset = 0;
+  std::vector<Tap> taps_h, taps_w;  // sorted by offset: the K order
+};
+
+// The staging extent along one axis, as a double first: a hostile padding must fail the budget,
+// not overflow.
+inline bool staging_extent(const Axis& ax, int64_t& min_off, int64_t& extent) {
+  double lo = 0, hi = 0;
+  bool any = false;
+  for (const Phase& ph : ax.phases) {
+    if (ph.taps.empty()) return false;
+    for (const Tap& t : ph.taps) {
+      const double first = double(t.offset), last = double(ax.in_step) * double(ph.count - 1) + double(t.offset);
+      lo = any ? std::min(lo, first) : first, hi = any ? std::max(hi, last) : last, any = true;
+    }
+  }
+  if (!any || hi - lo + 1 > kStagingBudget) return false;
+  min_off = static_cast<int64_t>(lo), extent = static_cast<int64_t>(hi - lo) + 1;
+  return true;
+}
+
+template <typename scalar_t>
+bool patch_staging(const Problem& p, const Axis& ax_h, const Axis& ax_w, PatchStaging& st) {
+  const int64_t Cin_g = p.Cin / p.groups;
+  st.Cp = std::is_same_v<scalar_t, at::BFloat16> ? (Cin_g + 1) / 2 * 2 : Cin_g;
+  if (!staging_extent(ax_h, st.min_h, st.Hs) || !staging_extent(ax_w, st.min_w, st.Ws)) return false;
+  const double bytes = double(p.N) * p.groups * double(st.Hs) * double(st.Ws) * st.Cp * sizeof(scalar_t);
+  if (bytes > kStagingBudget) return false;
+  st.image_group = st.Hs * st.Ws * st.Cp;
+  return true;
+}
+
+inline std::vector<Tap> by_offset(std::vector<Tap> taps) {
+  std::stable_sort(taps.begin(), taps.end(), [](const Tap& a, const Tap& b) { return a.offset < b.offset; });
+  return taps;
+}
+
+inline std::vector<PatchPhase> patch_phases(const Axis& ax_h, const Axis& ax_w, const PatchStaging& st) {
+  std::vector<PatchPhase> phases;
+  for (const Phase& ph : ax_h.phases) {
+    for (const Phase& pw : ax_w.phases) {
+      PatchPhase pp;
+      pp.taps_h = by_offset(ph.taps), pp.taps_w = by_offset(pw.taps);
+      for (const Tap& a : pp.taps_h) {
+        for (size_t b = 0; b < pp.taps_w.size();) {
+          size_t end = b + 1;
+          while (end < pp.taps_w.size() && pp.taps_w[end].offset == pp.taps_w[end - 1].offset + 1) ++end;
+          const int64_t offset = ((a.offset - st.min_h) * st.Ws + (pp.taps_w[b].offset - st.min_w)) * st.Cp;
+          pp.runs.push_back({offset, static_cast<int64_t>(end - b) * st.Cp});
+          pp.run_k.push_back(pp.K);
+          pp.K += static_cast<int64_t>(end - b) * st.Cp;
+          b = end;
+        }
+      }
+      phases.push_back(std::move(pp));
+    }
+  }
+  return phases;
+}
+
+// Stride-1 geometry (a stride-1 conv2d, every transposed conv's phases) with each axis's taps
+// adjacent: A is the staged image itself, one brgemm per tap row.
+inline bool patch_in_place(const Axis& ax_h, const Axis& ax_w, const std::vector<PatchPhase>& phases) {
+  bool in_place = ax_h.in_step == 1 && ax_w.in_step == 1;
+  for (const PatchPhase& pp : phases) in_place = in_place && pp.runs.size() == pp.taps_h.size();
+  return in_place;
+}
+
+// Whether this path serves the call: bfloat16 on AMX, float32 where brgemm reaches oneDNN; not
+// depthwise (the caller's), a tile's worth of output channels per group, every phase reached by
+// some tap, and staging within its budget. A 1x1 kernel's patch is one tap: tap_brgemm.h computes
+// it as the same single brgemm without the staged copy (in place, for an NCHW stride-1 input).
+template <typename scalar_t>
+bool patch_brgemm_serves(const Problem& p, const Axis& ax_h, const Axis& ax_w) {
+  if (!patch_brgemm_allowed() || p.Cout / p.groups < 16 || p.Kh * p.Kw == 1) return false;
+  if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
+    if (!amx_convolution_enabled()) return false;
+  } else if constexpr (std::is_same_v<scalar_t, float>) {
+    if (!float_brgemm_enabled()) return false;
+  } else {
+    return false;
+  }
+  PatchStaging st;
+  if (!patch_staging<scalar_t>(p, ax_h, ax_w, st)) return false;
+  // Copied patches keep a task's A within what a task may hold in L2 (a 3x3 kernel over 128
+  // float32 channels, 256 bfloat16 ones); past that, tap_brgemm.h reads the planes in place.
+  const std::vector<PatchPhase> phases = patch_phases(ax_h, ax_w, st);
+  int64_t max_K = 0;
+  for (const PatchPhase& pp : phases) max_K = std::max(max_K, pp.K);
+  return patch_in_place(ax_h, ax_w, phases) || kPatchRows * max_K * int64_t(sizeof(scalar_t)) <= 2 * kScratchBytes;
+}
+
+// A short run of bytes with 64-byte moves, the tail under a mask: runs are a few channels to a few
+// hundred (a stem's row of taps is 56 bytes).
+inline void copy_bytes(const char* src, char* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) _mm512_storeu_si512(dst + i, _mm512_loadu_si512(src + i));
+  if (i < n) {
+    const __mmask64 lanes = ~uint64_t(0) >> (64 - (n - i));
+    _mm512_mask_storeu_epi8(dst + i, lanes, _mm512_maskz_loadu_epi8(lanes, src + i));
+  }
+}
+
+// One staged row: row i of image n's group g, channels innermost.
+template <typename scalar_t>
+void stage_row(const Problem& p, const PatchStaging& st, const scalar_t* x, const Layout& xl, int64_t n, int64_t g,
+               int64_t i, scalar_t* row) {
+  const int64_t Cin_g = p.Cin / p.groups, ih = i + st.min_h;
+  std::memset(static_cast<void*>(row), 0, st.Ws * st.Cp * sizeof(scalar_t));
+  if (ih < 0 || ih >= p.H) return;
+  const int64_t lo = std::clamp<int64_t>(-st.min_w, 0, st.Ws), hi = std::clamp<int64_t>(p.W - st.min_w, lo, st.Ws);
+  const scalar_t* src = x + n * xl.n + g * Cin_g * xl.c + ih * xl.h + st.min_w * xl.w;
+  if (xl.c == 1) {  // channels_last: a position's channels are already side by side
+    for (int64_t j = lo; j < hi; ++j) {
+      copy_bytes(reinterpret_cast<const char*>(src + j * xl.w), reinterpret_cast<char*>(row + j * st.Cp),
+                 Cin_g * sizeof(scalar_t));
+    }
+    return;
+  }
+  int64_t c0 = 0;
+  if (xl.w == 1) {
+    for (; c0 + 16 <= Cin_g; c0 += 16) {
+      int64_t j = lo;
+      for (; j + 16 <= hi; j += 16) transpose_tile(src + c0 * xl.c + j, xl.c, row + j * st.Cp + c0, st.Cp);
+      for (; j < hi; ++j) {
+        for (int64_t c = c0; c < c0 + 16; ++c) row[j * st.Cp + c] = src[c * xl.c + j];
+      }
+    }
+  }
+  for (int64_t j = lo; j < hi; ++j) {
+    for (int64_t c = c0; c < Cin_g; ++c) row[j * st.Cp + c] = src[c * xl.c + j * xl.w];
+  }
+}
+
+// Stages every image (see PatchStaging); for bfloat16 also folds each image's exponents into seen.
+template <typename scalar_t>
+void stage_input(const Problem& p, const PatchStaging& st, const scalar_t* x, const Layout& xl, scalar_t* staged,
+                 ImageExponents* seen) {
+  const int64_t rows = p.N * p.groups * st.Hs;
+  at::parallel_for(0, rows, std::max<int64_t>(1, 4096 / (st.Ws * st.Cp)), [&](int64_t first, int64_t last) {
+    for (int64_t r = first; r < last; ++r) {
+      const int64_t i = r % st.Hs, ng = r / st.Hs, g = ng % p.groups, n = ng / p.groups;
+      scalar_t* row = staged + ng * st.image_group + i * st.Ws * st.Cp;
+      stage_row(p, st, x, xl, n, g, i, row);
+      if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
+        int emin = kSmallestEx;
+        bool subnormal = false;
+        fold_exponents(reinterpret_cast<const uint16_t*>(row), st.Ws * st.Cp, emin, subnormal);
+        seen->fold(n, emin, subnormal);
+      }
+    }
+  });
+}
+
+// B per group and phase: [K][Cout_g] in K order (float32), or as VNNI pairs [K / 2][Cout_g][2].
+template <typename scalar_t>
+std::vector<scalar_t> pack_patch_weights(const Problem& p, std::vector<PatchPhase>& phases, const PatchStaging& st,
+                                         const scalar_t* w, const int64_t* ws) {
+  constexpr bool paired = std::is_same_v<scalar_t, at::BFloat16>;
+  const int64_t G = p.groups, Cin_g = p.Cin / G, Cout_g = p.Cout / G;
+  int64_t total = 0;
+  for (PatchPhase& pp : phases) pp.weight_offset = total, total += pp.K * Cout_g;
+  std::vector<scalar_t> packed(G * total, scalar_t(0.f));
+  for (int64_t g = 0; g < G; ++g) {
+    for (const PatchPhase& pp : phases) {
+      scalar_t* dst = packed.data() + g * total + pp.weight_offset;
+      int64_t k = 0;
+      for (const Tap& a : pp.taps_h) {
+        for (const Tap& b : pp.taps_w) {
+          for (int64_t ci = 0; ci < st.Cp; ++ci, ++k) {
+            if (ci >= Cin_g) continue;
+            for (int64_t co = 0; co < Cout_g; ++co) {
+              const int64_t row = p.transpose ? (g * Cin_g + ci) * ws[0] + co * ws[1]
+                                              : (g * Cout_g + co) * ws[0] + ci * ws[1];
+              const int64_t at = paired ? (k / 2 * Cout_g + co) * 2 + k % 2 : k * Cout_g + co;
+              dst[at] = w[row + a.k * ws[2] + b.k * ws[3]];
+            }
+          }
+        }
+      }
+    }
+  }
+  return packed;
+}
+
+// C's block [rows][cols] (ldc kPatchChannels) into the output: channels_last rows as they are,
+// other layouts through a transposed copy so that each channel's positions are one run.
+// Positions m0 + m are grid positions jh * pitch + jw; those with jw >= pw.count are dropped.
+template <typename scalar_t>
+void store_patch_block(const float* c, float* turned, int64_t rows, int64_t cols, int64_t m0, int64_t pitch,
+                       const Phase& ph, const Phase& pw, const Axis& ax_h, const Axis& ax_w, scalar_t* out_nc,
+                       const Layout& ol) {
+  auto position = [&](int64_t m) {
+    const int64_t jh = (m0 + m) / pitch, jw = (m0 + m) % pitch;
+    return std::pair<int64_t, int64_t>{jh, jw};
+  };
+  if (ol.c == 1) {
+    for (int64_t m = 0; m < rows; ++m) {
+      const auto [jh, jw] = position(m);
+      if (jw >= pw.count) continue;
+      narrow<scalar_t>(c + m * kPatchChannels,
+                       out_nc + (ph.r + ax_h.out_step * jh) * ol.h + (pw.r + ax_w.out_step * jw) * ol.w, cols);
+    }
+    return;
+  }
+  for (int64_t m = 0; m < rows; m += 16) {
+    for (int64_t co = 0; co < cols; co += 16) transpose_tile(c + m * kPatchChannels + co, kPatchChannels, turned + co * kPatchRows + m, kPatchRows);
+  }
+  const int64_t step = ax_w.out_step * ol.w;
+  for (int64_t m = 0; m < rows;) {
+    const auto [jh, jw] = position(m);
+    const int64_t span = std::min(rows - m, pitch - jw), count = std::max<int64_t>(0, std::min(span, pw.count - jw));
+    scalar_t* dst = out_nc + (ph.r + ax_h.out_step * jh) * ol.h + (pw.r + ax_w.out_step * jw) * ol.w;
+    for (int64_t co = 0; count > 0 && co < cols; ++co) {
+      store_row<scalar_t>(turned + co * kPatchRows + m, dst + co * ol.c, step, count);
+    }
+    m += span;
+  }
+}
+
+// Computes the images that take this path (every image for float32; for bfloat16 those whose
+// operands pass the exponent rule); returns, per image, whether it did.
+template <typename scalar_t>
+std::vector<char> convolve_patch_brgemm(const Problem& p, const Axis& ax_h, const Axis& ax_w, const scalar_t* x,
+                                        const Layout& xl, const ConvOperands& o, const scalar_t* bias, scalar_t* out,
+                                        const Layout& ol) {
+  constexpr bool paired = std::is_same_v<scalar_t, at::BFloat16>;
+  const int64_t G = p.groups, Cout_g = p.Cout / G;
+  PatchStaging st;
+  patch_staging<scalar_t>(p, ax_h, ax_w, st);
+  std::vector<PatchPhase> phases = patch_phases(ax_h, ax_w, st);
+  const std::vector<scalar_t> packed =
+      pack_patch_weights<scalar_t>(p, phases, st, static_cast<const scalar_t*>(o.weight), o.weight_strides);
+  const int64_t weights_per_group = static_cast<int64_t>(packed.size()) / G;
+
+  std::vector<char> done(p.N, 1);
+  scalar_t* const staged = reused_planes<scalar_t>(p.N * G * st.image_group);
+  if constexpr (paired) {
+    int ew = kSmallestEx, eb = kSmallestEx;
+    bool sub_w = false, sub_b = false;
+    scan_exponents(packed.data(), static_cast<int64_t>(packed.size()), 1, ew, sub_w);
+    if (bias) scan_exponents(bias, p.Cout, 1, eb, sub_b);
+    if (sub_w || sub_b) return std::vector<char>(p.N, 0);
+    ImageExponents seen(p.N);
+    stage_input<scalar_t>(p, st, x, xl, staged, &seen);
+    for (int64_t n = 0; n < p.N; ++n) done[n] = !seen.sub[n].load() && sums_stay_normal(seen.low[n].load(), ew, eb);
+    path_counts().amx_images += std::count(done.begin(), done.end(), 1);
+  } else {
+    stage_input<scalar_t>(p, st, x, xl, staged, nullptr);
+    path_counts().float_brgemm_images += p.N;
+  }
+  path_counts().patch_brgemm_images += std::count(done.begin(), done.end(), 1);
+  if (std::find(done.begin(), done.end(), 1) == done.end()) return done;
+
+  const int64_t n_ph = static_cast<int64_t>(ax_h.phases.size()), n_pw = static_cast<int64_t>(ax_w.phases.size());
+  // In place, A is read at lda = Cp and a task's positions are the staged rows' pitch apart: the
+  // Ws - count columns past each grid row are computed and dropped, as on the planar path.
+  const bool in_place = patch_in_place(ax_h, ax_w, phases);
+  int64_t max_positions = 1, max_K = 1;
+  for (const Phase& ph : ax_h.phases) {
+    for (const Phase& pw : ax_w.phases) {
+      max_positions = std::max(max_positions, in_place ? (ph.count - 1) * st.Ws + pw.count : ph.count * pw.count);
+    }
+  }
+  for (const PatchPhase& pp : phases) max_K = std::max(max_K, pp.K);
+  const int64_t blocks = (max_positions + kPatchRows - 1) / kPatchRows;
+  std::vector<float> bias_f(p.Cout, 0.f);
+  for (int64_t c = 0; bias && c < p.Cout; ++c) bias_f[c] = static_cast<float>(bias[c]);
+
+  at::parallel_for(0, p.N * G * n_ph * n_pw * blocks, 1, [&](int64_t first_task, int64_t last_task) {
+    const auto a = scratch<scalar_t>(in_place ? 0 : kPatchRows * max_K);
+    // Zeroed once: the transposes read whole 16 x 16 tiles of C past a short block's rows.
+    std::vector<float> c(kPatchRows * kPatchChannels, 0.f), turned(kPatchRows * kPatchChannels);
+
+    // C += A[:, 0, K) B[0, K), in chunks of at most kPatchChunk terms: brgemm sums each chunk from
+    // zero and adds it to C (bfloat16: chunks of 32 pairs inside the tile unit as well).
+    auto accumulate = [&](int64_t rows, int64_t cols, int64_t K, const scalar_t* a_run, int64_t lda,
+                          const scalar_t* b_run, int64_t ldb) {
+      const int64_t chunk = paired ? K : kPatchChunk;
+      for (int64_t k0 = 0; k0 < K; k0 += chunk) {
+        at::native::cpublas::brgemm(rows, cols, std::min(chunk, K - k0), lda, ldb, kPatchChannels, true, a_run + k0,
+                                    b_run + k0 * ldb, c.data(), paired);
+      }
+    };
+    for (int64_t task = first_task; task < last_task; ++task) {
+      const auto [n, g, i, j, block, unused] = phase_task(task, G, n_ph, n_pw, blocks, 1);
+      if (!done[n]) continue;
+      const Phase &ph = ax_h.phases[i], &pw = ax_w.phases[j];
+      const PatchPhase& pp = phases[i * n_pw + j];
+      const int64_t pitch = in_place ? st.Ws : pw.count;
+      const int64_t m0 = block * kPatchRows, rows = std::min(kPatchRows, (ph.count - 1) * pitch + pw.count - m0);
+      if (rows <= 0) continue;  // a phase with fewer positions than the largest
+      const scalar_t* image = staged + (n * G + g) * st.image_group;
+      for (int64_t m = 0; !in_place && m < rows; ++m) {
+        const int64_t jh = (m0 + m) / pw.count, jw = (m0 + m) % pw.count;
+        const scalar_t* base = image + (ax_h.in_step * jh * st.Ws + ax_w.in_step * jw) * st.Cp;
+        scalar_t* dst = a.get() + m * pp.K;
+        for (const PatchRun& run : pp.runs) {
+          copy_bytes(reinterpret_cast<const char*>(base + run.offset), reinterpret_cast<char*>(dst),
+                     run.length * sizeof(scalar_t));
+          dst += run.length;
+        }
+      }
+      const scalar_t* b_phase = packed.data() + g * weights_per_group + pp.weight_offset;
+      for (int64_t co0 = 0; co0 < Cout_g; co0 += kPatchChannels) {
+        const int64_t cols = std::min(kPatchChannels, Cout_g - co0);
+        const float* b0 = bias_f.data() + g * Cout_g + co0;
+        for (int64_t m = 0; m < rows; ++m) std::copy_n(b0, cols, c.data() + m * kPatchChannels);
+        const scalar_t* b_block = b_phase + co0 * (paired ? 2 : 1);
+        if (in_place) {
+          for (size_t r = 0; r < pp.runs.size(); ++r) {
+            accumulate(rows, cols, pp.runs[r].length, image + m0 * st.Cp + pp.runs[r].offset, st.Cp,
+                       b_block + pp.run_k[r] * Cout_g, Cout_g);
+          }
+        } else {
+          accumulate(rows, cols, pp.K, a.get(), pp.K, b_block, Cout_g);
+        }
+        store_patch_block<scalar_t>(c.data(), turned.data(), rows, cols, m0, pitch, ph, pw, ax_h, ax_w,
+                                    out + n * ol.n + (g * Cout_g + co0) * ol.c, ol);
+      }
+    }
+    at::native::cpublas::brgemm_release(paired);
+  });
+  return done;
+}
+
+#else
+
+template <typename scalar_t>
+bool patch_brgemm_serves(const Problem&, const Axis&, const Axis&) {
+  return false;
+}
+
+#endif
+
+}  // namespace CPU_CAPABILITY
+}  // namespace fuel

@@ -1,0 +1,167 @@
+"""One brgemm per block of output positions over whole patches (csrc/convolution/patch_brgemm.h).
+
+Where the per-tap brgemm path (tap_brgemm.h) would run, and for the few-channel calls it does not
+take (a 3-channel stem), bfloat16 (on AMX) and float32 (oneDNN's kernel, at the AVX512 level)
+convolutions with at least 16 output channels per group and a kernel larger than 1x1 stage the
+input once with the channels innermost and reduce each output over its whole patch: in place on
+the staged rows where every tap steps by 1 (a stride-1 conv2d, a transposed conv's phases), through
+a copied patch elsewhere (strides, dilation). Here:
+
+- values against the float64 reference with the contract's claim of each dtype (test_convolution's
+  check_values; float32 also against twice torch's error), over geometries that reach both modes
+  and every part of them: strides, dilation, groups, a 3-channel stem, odd channel counts (the
+  bfloat16 pad channel), output channels past one 64-channel block, float32 runs past one
+  256-term chunk, conv_transpose2d phases with output_padding, channels_last operands, no bias;
+  and that the path served them (fuel_torch._C.path_counts());
+- the exponent rule of the AMX path: operands the tile unit would flush keep their values, image
+  by image;
+- determinism: the same bits on every call, for every thread count, and per image as if alone;
+- FUEL_PATCH=0 (read per call) and a staging copy past its budget hand the call to the other paths.
+
+On a CPU without AMX (or below the AVX512 level for float32) the same tests check the same claims on
+whichever path serves the call.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fuel_torch
+from fuel_torch import reference
+
+from test_convolution import API, assert_same_bits_for_every_thread_count, check_values, operands
+
+# (op, n, cin, cout, groups, kernel, spatial, geometry, bias)
+CASES = [
+    ("conv2d", 2, 3, 64, 1, (7, 7), (23, 22), {"stride": 2, "padding": 3}, True),  # stem: copied patches
+    ("conv2d", 2, 64, 64, 1, (3, 3), (14, 15), {"padding": 1}, True),  # in place, runs of 3 taps
+    ("conv2d", 1, 24, 40, 1, (3, 3), (12, 11), {"padding": 2, "dilation": 2}, False),  # copied, tap by tap
+    ("conv2d", 2, 64, 64, 4, (3, 3), (10, 9), {"padding": 1, "groups": 4}, True),  # 16 channels per group
+    ("conv2d", 2, 17, 20, 1, (3, 2), (9, 8), {"padding": (1, 0)}, True),  # odd channels: the pad channel
+    ("conv2d", 1, 300, 24, 1, (3, 3), (6, 7), {"padding": 1}, True),  # float32: runs of 900 terms, chunked
+    ("conv2d", 1, 32, 130, 1, (5, 5), (11, 10), {"stride": (2, 1), "padding": 2}, True),  # 3 channel blocks
+    ("conv2d", 2, 5, 16, 1, (3, 4), (9, 13), {"stride": (1, 3), "dilation": (2, 1), "padding": (2, 1)}, True),
+    ("conv_transpose2d", 2, 32, 24, 1, (4, 4), (7, 6), {"stride": 2, "padding": 1}, True),
+    ("conv_transpose2d", 1, 48, 32, 1, (3, 3), (9, 8), {"padding": 1}, False),
+    ("conv_transpose2d", 1, 32, 36, 2, (3, 3), (6, 7), {"stride": 2, "padding": 1, "output_padding": 1, "groups": 2},
+     True),
+    ("conv_transpose2d", 2, 64, 16, 1, (7, 7), (9, 10), {"stride": 2, "padding": 3, "output_padding": 1}, True),
+]
+FORMATS = {"contiguous": torch.contiguous_format, "channels_last": torch.channels_last}
+
+
+def patch_images() -> int:
+    return fuel_torch._C.path_counts()["patch_brgemm_images"]
+
+
+def path_serves(dtype) -> bool:
+    if dtype == torch.bfloat16:
+        return fuel_torch.amx_convolution()
+    return fuel_torch.float_brgemm() and fuel_torch.cpu_capability() == "AVX512"
+
+
+@pytest.mark.parametrize("x_format", FORMATS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[2]}x{c[3]}-g{c[4]}-{c[5]}-{c[7]}")
+def test_values_within_the_contract(case, dtype, x_format):
+    op, n, cin, cout, groups, kernel, spatial, geometry, bias = case
+    generator = torch.Generator().manual_seed(cin * cout + 1)
+    x, w, b = operands(op, n, cin, cout, groups, kernel, spatial, bias, dtype, generator)
+    x = x.contiguous(memory_format=FORMATS[x_format])
+    before = patch_images()
+    ours = API[op](x, w, b, **geometry)
+    assert patch_images() - before == (n if path_serves(dtype) else 0)
+    assert ours.is_contiguous(memory_format=FORMATS[x_format])
+    check_values(op, ours.contiguous(), x.contiguous(), w, b, geometry, versus_torch=dtype == torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_channels_last_weight_gives_the_same_bits(dtype):
+    generator = torch.Generator().manual_seed(3)
+    x, w, b = operands("conv2d", 2, 32, 32, 1, (3, 3), (9, 9), True, dtype, generator)
+    ours = fuel_torch.conv2d(x, w.contiguous(memory_format=torch.channels_last), b, padding=1)
+    assert reference.bit_equal(ours.contiguous(), fuel_torch.conv2d(x, w, b, padding=1))
+
+
+def scaled_stem(x_scale: float, w_scale: float, bias_value: float | None):
+    """A 7x7/2 stem (3 -> 32 channels) on values of magnitudes 1..2 times the scales (powers of two:
+    every operand and product is exact), bias bias_value."""
+    generator = torch.Generator().manual_seed(19)
+    x = (torch.rand(2, 3, 12, 12, generator=generator, dtype=torch.float64) + 1) * x_scale
+    w = (torch.rand(32, 3, 7, 7, generator=generator, dtype=torch.float64) + 1) * w_scale
+    b = None if bias_value is None else torch.full((32,), bias_value, dtype=torch.float64)
+    return x.bfloat16(), w.bfloat16(), None if b is None else b.bfloat16()
+
+
+STEM = {"stride": 2, "padding": 3}
+
+
+@pytest.mark.parametrize("x_scale,w_scale,bias_value", [
+    pytest.param(2.0**-130, 2.0**8, None, id="subnormal inputs"),
+    pytest.param(2.0**4, 2.0**-132, None, id="subnormal weights"),
+    pytest.param(2.0**-70, 2.0**-62, None, id="products below float32's normal range"),
+    pytest.param(0.0, 1.0, 2.0**-127, id="a subnormal bias and no input: the outputs are the bias"),
+])
+def test_operands_the_tile_unit_would_flush_keep_their_value(x_scale, w_scale, bias_value):
+    x, w, b = scaled_stem(x_scale, w_scale, bias_value)
+    before = patch_images()
+    ours = fuel_torch.conv2d(x, w, b, **STEM)
+    assert patch_images() == before  # no image passes the rule
+    exact, _ = fuel_torch.convolution.float64_reference("conv2d", x, w, b, **STEM)
+    assert (exact.abs() > 0).all() and (ours.double().abs() > 0).all()
+    check_values("conv2d", ours, x, w, b, STEM)
+
+
+def test_an_image_that_fails_the_rule_leaves_the_others_on_the_path():
+    x, w, b = scaled_stem(1.0, 2.0**8, None)
+    x[1] = x[1] * 2.0**-130  # subnormal in bfloat16; its products with the weights are normal
+    before = patch_images()
+    whole = fuel_torch.conv2d(x, w, b, **STEM)
+    assert patch_images() - before == (1 if fuel_torch.amx_convolution() else 0)
+    for i in range(2):
+        assert reference.bit_equal(whole[i:i + 1], fuel_torch.conv2d(x[i:i + 1].clone(), w, b, **STEM)), i
+    check_values("conv2d", whole, x, w, b, STEM)
+    assert (whole[1].double().abs() > 0).all()  # the tile unit would have read image 1 as zeros
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("op,geometry", [
+    ("conv2d", {"padding": 1}),  # in place
+    ("conv2d", {"padding": 3, "stride": 2}),  # copied patches
+    ("conv_transpose2d", {"padding": 1, "stride": 2, "output_padding": 1}),
+], ids=["in-place", "copied", "transposed"])
+def test_deterministic_across_calls_threads_and_batches(op, geometry, dtype):
+    generator = torch.Generator().manual_seed(23)
+    kernel = (7, 7) if geometry.get("stride") == 2 and op == "conv2d" else (3, 3)
+    x, w, b = operands(op, 3, 48, 80, 1, kernel, (17, 19), True, dtype, generator)
+    first = API[op](x, w, b, **geometry)
+    assert all(reference.bit_equal(API[op](x, w, b, **geometry), first) for _ in range(5))
+    assert_same_bits_for_every_thread_count(op, x, w, b, geometry, first)
+    for i in range(3):
+        assert reference.bit_equal(first[i:i + 1], API[op](x[i:i + 1].clone(), w, b, **geometry)), i
+
+
+def test_fuel_patch_0_hands_the_call_to_the_other_paths(monkeypatch):
+    generator = torch.Generator().manual_seed(5)
+    x, w, b = operands("conv2d", 2, 32, 32, 1, (3, 3), (9, 9), True, torch.float32, generator)
+    monkeypatch.setenv("FUEL_PATCH", "0")
+    before = patch_images()
+    ours = fuel_torch.conv2d(x, w, b, padding=1)
+    assert patch_images() == before
+    check_values("conv2d", ours, x, w, b, {"padding": 1})
+    monkeypatch.delenv("FUEL_PATCH")
+    fuel_torch.conv2d(x, w, b, padding=1)
+    assert patch_images() - before == (2 if path_serves(torch.float32) else 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_a_staging_copy_past_its_budget_goes_elsewhere(dtype):
+    """Padding and dilation that cancel in the output but make the staged copy 10^4 x 10^4
+    positions wide: the call is computed elsewhere, exactly as the reference says."""
+    generator = torch.Generator().manual_seed(7)
+    geometry = {"padding": 5000, "dilation": 5000}
+    x, w, b = operands("conv2d", 1, 16, 16, 1, (3, 3), (4, 4), True, dtype, generator)
+    before = patch_images()
+    ours = fuel_torch.conv2d(x, w, b, **geometry)
+    assert patch_images() == before and ours.shape == (1, 16, 4, 4)
+    check_values("conv2d", ours, x, w, b, geometry)
