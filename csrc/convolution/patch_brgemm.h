@@ -42,8 +42,21 @@ namespace CPU_CAPABILITY {
 
 #if defined(CPU_CAPABILITY_AVX512)
 
-constexpr int64_t kPatchRows = 64;      // positions per task: brgemm's M
+constexpr int64_t kPatchRows = 64;      // positions per task (copied patches): brgemm's M
 constexpr int64_t kPatchChannels = 64;  // output channels per brgemm: its N
+constexpr int64_t kPatchBlock = kPatchRows * kPatchChannels;  // C's floats
+
+// A task's C: `rows` positions of `ldc` floats (its output channels, at most kPatchChannels, in
+// whole 16-channel tiles). In place, fewer channels buy more positions per brgemm: 16-channel
+// groups made three brgemms of 64 x 16 per 64 positions, which took longer to call than to run.
+struct PatchBlock {
+  int64_t rows, ldc;
+};
+
+inline PatchBlock patch_block(int64_t Cout_g, bool in_place) {
+  const int64_t ldc = std::min(kPatchChannels, (Cout_g + 15) / 16 * 16);
+  return {in_place ? kPatchBlock / ldc / 16 * 16 : kPatchRows, ldc};  // whole tiles of rows for the transposes
+}
 // float32 terms per brgemm: each chunk is summed from zero and added to C. 64 keeps the largest
 // error near torch's (256 doubled it: one fused chain over a 3x3 kernel's row of 64 channels) and
 // costs no time against 256 on a ResNet 3x3.
@@ -252,13 +265,13 @@ std::vector<scalar_t> pack_patch_weights(const Problem& p, std::vector<PatchPhas
   return packed;
 }
 
-// C's block [rows][cols] (ldc kPatchChannels) into the output: channels_last rows as they are,
-// other layouts through a transposed copy so that each channel's positions are one run.
+// C's block [rows][cols] (at blk.ldc) into the output: channels_last rows as they are, other
+// layouts through a transposed copy (at blk.rows) so that each channel's positions are one run.
 // Positions m0 + m are grid positions jh * pitch + jw; those with jw >= pw.count are dropped.
 template <typename scalar_t>
-void store_patch_block(const float* c, float* turned, int64_t rows, int64_t cols, int64_t m0, int64_t pitch,
-                       const Phase& ph, const Phase& pw, const Axis& ax_h, const Axis& ax_w, scalar_t* out_nc,
-                       const Layout& ol) {
+void store_patch_block(const float* c, float* turned, const PatchBlock& blk, int64_t rows, int64_t cols, int64_t m0,
+                       int64_t pitch, const Phase& ph, const Phase& pw, const Axis& ax_h, const Axis& ax_w,
+                       scalar_t* out_nc, const Layout& ol) {
   auto position = [&](int64_t m) {
     const int64_t jh = (m0 + m) / pitch, jw = (m0 + m) % pitch;
     return std::pair<int64_t, int64_t>{jh, jw};
@@ -267,13 +280,15 @@ void store_patch_block(const float* c, float* turned, int64_t rows, int64_t cols
     for (int64_t m = 0; m < rows; ++m) {
       const auto [jh, jw] = position(m);
       if (jw >= pw.count) continue;
-      narrow<scalar_t>(c + m * kPatchChannels,
+      narrow<scalar_t>(c + m * blk.ldc,
                        out_nc + (ph.r + ax_h.out_step * jh) * ol.h + (pw.r + ax_w.out_step * jw) * ol.w, cols);
     }
     return;
   }
   for (int64_t m = 0; m < rows; m += 16) {
-    for (int64_t co = 0; co < cols; co += 16) transpose_tile(c + m * kPatchChannels + co, kPatchChannels, turned + co * kPatchRows + m, kPatchRows);
+    for (int64_t co = 0; co < cols; co += 16) {
+      transpose_tile(c + m * blk.ldc + co, blk.ldc, turned + co * blk.rows + m, blk.rows);
+    }
   }
   const int64_t step = ax_w.out_step * ol.w;
   for (int64_t m = 0; m < rows;) {
@@ -281,7 +296,7 @@ void store_patch_block(const float* c, float* turned, int64_t rows, int64_t cols
     const int64_t span = std::min(rows - m, pitch - jw), count = std::max<int64_t>(0, std::min(span, pw.count - jw));
     scalar_t* dst = out_nc + (ph.r + ax_h.out_step * jh) * ol.h + (pw.r + ax_w.out_step * jw) * ol.w;
     for (int64_t co = 0; count > 0 && co < cols; ++co) {
-      store_row<scalar_t>(turned + co * kPatchRows + m, dst + co * ol.c, step, count);
+      store_row<scalar_t>(turned + co * blk.rows + m, dst + co * ol.c, step, count);
     }
     m += span;
   }
@@ -332,14 +347,15 @@ std::vector<char> convolve_patch_brgemm(const Problem& p, const Axis& ax_h, cons
     }
   }
   for (const PatchPhase& pp : phases) max_K = std::max(max_K, pp.K);
-  const int64_t blocks = (max_positions + kPatchRows - 1) / kPatchRows;
+  const PatchBlock blk = patch_block(Cout_g, in_place);
+  const int64_t blocks = (max_positions + blk.rows - 1) / blk.rows;
   std::vector<float> bias_f(p.Cout, 0.f);
   for (int64_t c = 0; bias && c < p.Cout; ++c) bias_f[c] = static_cast<float>(bias[c]);
 
   at::parallel_for(0, p.N * G * n_ph * n_pw * blocks, 1, [&](int64_t first_task, int64_t last_task) {
     const auto a = scratch<scalar_t>(in_place ? 0 : kPatchRows * max_K);
     // Zeroed once: the transposes read whole 16 x 16 tiles of C past a short block's rows.
-    std::vector<float> c(kPatchRows * kPatchChannels, 0.f), turned(kPatchRows * kPatchChannels);
+    std::vector<float> c(kPatchBlock, 0.f), turned(kPatchBlock);
 
     // C += A[:, 0, K) B[0, K), in chunks of at most kPatchChunk terms: brgemm sums each chunk from
     // zero and adds it to C (bfloat16: chunks of 32 pairs inside the tile unit as well).
@@ -347,7 +363,7 @@ std::vector<char> convolve_patch_brgemm(const Problem& p, const Axis& ax_h, cons
                           const scalar_t* b_run, int64_t ldb) {
       const int64_t chunk = paired ? K : kPatchChunk;
       for (int64_t k0 = 0; k0 < K; k0 += chunk) {
-        at::native::cpublas::brgemm(rows, cols, std::min(chunk, K - k0), lda, ldb, kPatchChannels, true, a_run + k0,
+        at::native::cpublas::brgemm(rows, cols, std::min(chunk, K - k0), lda, ldb, blk.ldc, true, a_run + k0,
                                     b_run + k0 * ldb, c.data(), paired);
       }
     };
@@ -357,7 +373,7 @@ std::vector<char> convolve_patch_brgemm(const Problem& p, const Axis& ax_h, cons
       const Phase &ph = ax_h.phases[i], &pw = ax_w.phases[j];
       const PatchPhase& pp = phases[i * n_pw + j];
       const int64_t pitch = in_place ? st.Ws : pw.count;
-      const int64_t m0 = block * kPatchRows, rows = std::min(kPatchRows, (ph.count - 1) * pitch + pw.count - m0);
+      const int64_t m0 = block * blk.rows, rows = std::min(blk.rows, (ph.count - 1) * pitch + pw.count - m0);
       if (rows <= 0) continue;  // a phase with fewer positions than the largest
       const scalar_t* image = staged + (n * G + g) * st.image_group;
       for (int64_t m = 0; !in_place && m < rows; ++m) {
@@ -371,10 +387,10 @@ std::vector<char> convolve_patch_brgemm(const Problem& p, const Axis& ax_h, cons
         }
       }
       const scalar_t* b_phase = packed.data() + g * weights_per_group + pp.weight_offset;
-      for (int64_t co0 = 0; co0 < Cout_g; co0 += kPatchChannels) {
-        const int64_t cols = std::min(kPatchChannels, Cout_g - co0);
+      for (int64_t co0 = 0; co0 < Cout_g; co0 += blk.ldc) {
+        const int64_t cols = std::min(blk.ldc, Cout_g - co0);
         const float* b0 = bias_f.data() + g * Cout_g + co0;
-        for (int64_t m = 0; m < rows; ++m) std::copy_n(b0, cols, c.data() + m * kPatchChannels);
+        for (int64_t m = 0; m < rows; ++m) copy_run(b0, c.data() + m * blk.ldc, cols);
         const scalar_t* b_block = b_phase + co0 * (paired ? 2 : 1);
         if (in_place) {
           for (size_t r = 0; r < pp.runs.size(); ++r) {
@@ -384,7 +400,7 @@ std::vector<char> convolve_patch_brgemm(const Problem& p, const Axis& ax_h, cons
         } else {
           accumulate(rows, cols, pp.K, a.get(), pp.K, b_block, Cout_g);
         }
-        store_patch_block<scalar_t>(c.data(), turned.data(), rows, cols, m0, pitch, ph, pw, ax_h, ax_w,
+        store_patch_block<scalar_t>(c.data(), turned.data(), blk, rows, cols, m0, pitch, ph, pw, ax_h, ax_w,
                                     out + n * ol.n + (g * Cout_g + co0) * ol.c, ol);
       }
     }
