@@ -188,6 +188,9 @@ void bind_cpu_capability(pybind11::module_& m) {
   m.def("float_brgemm", &float_brgemm_enabled,
         "Whether float32 weight-gradient-shaped convolutions run on torch's brgemm (oneDNN): kernels above DEFAULT, "
         "torch.backends.mkldnn enabled and FUEL_BRGEMM is not 0.");
+  m.def("patch_brgemm", &patch_brgemm_allowed,
+        "Whether brgemm convolutions with a kernel larger than 1x1 reduce over whole patches (patch_brgemm.h): "
+        "FUEL_PATCH is not 0 (read per call).");
   m.def("init_cpu_capability", [] { return std::string(capability_name(choose_capability())); },
         "Chooses the kernels' instruction-set level from the CPU and FUEL_CPU_CAPABILITY; raises if the "
         "variable asks for a level that is unknown, not built or beyond this CPU.");

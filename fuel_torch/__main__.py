@@ -21,7 +21,8 @@ def capability_line() -> str:
             f"{', '.join(fuel_torch.capability.built_capabilities())}; FUEL_CPU_CAPABILITY forces one); bfloat16 "
             f"convolutions on AMX: {'yes' if fuel_torch.amx_convolution() else 'no'} (FUEL_AMX=0 turns it off); float32 "
             f"convolutions on brgemm: {'yes' if fuel_torch.float_brgemm() else 'no'} (FUEL_BRGEMM=0 "
-            "turns it off)")
+            f"turns it off); whole patches per brgemm: {'yes' if fuel_torch.patch_brgemm() else 'no'} "
+            "(FUEL_PATCH=0 turns it off)")
 
 
 def kernel_table() -> int:

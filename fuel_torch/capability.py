@@ -35,6 +35,14 @@ def float_brgemm() -> bool:
     return bool(_C.float_brgemm())
 
 
+def patch_brgemm() -> bool:
+    """Whether the brgemm convolutions with a kernel larger than 1x1 and at least 16 output channels
+    per group reduce over whole patches (csrc/convolution/patch_brgemm.h) rather than one tap at a
+    time: the environment variable FUEL_PATCH is not "0" (read per call). It applies where
+    float_brgemm() (float32, at AVX512) or amx_convolution() (bfloat16) is on."""
+    return bool(_C.patch_brgemm())
+
+
 def supported_capabilities() -> list[str]:
     """Levels this build has and this CPU supports, lowest first (FUEL_CPU_CAPABILITY may name any)."""
     return list(_C.cpu_capabilities())

@@ -39,6 +39,7 @@ CASES = [
     ("conv2d", 2, 64, 64, 4, (3, 3), (10, 9), {"padding": 1, "groups": 4}, True),  # 16 channels per group
     ("conv2d", 2, 17, 20, 1, (3, 2), (9, 8), {"padding": (1, 0)}, True),  # odd channels: the pad channel
     ("conv2d", 1, 300, 24, 1, (3, 3), (6, 7), {"padding": 1}, True),  # float32: runs of 900 terms, chunked
+    ("conv2d", 1, 20, 40, 1, (3, 3), (13, 21), {"padding": 1}, True),  # 48-channel C: blocks of 80 positions
     ("conv2d", 1, 32, 130, 1, (5, 5), (11, 10), {"stride": (2, 1), "padding": 2}, True),  # 3 channel blocks
     ("conv2d", 2, 5, 16, 1, (3, 4), (9, 13), {"stride": (1, 3), "dilation": (2, 1), "padding": (2, 1)}, True),
     ("conv_transpose2d", 2, 32, 24, 1, (4, 4), (7, 6), {"stride": 2, "padding": 1}, True),
@@ -144,7 +145,9 @@ def test_deterministic_across_calls_threads_and_batches(op, geometry, dtype):
 def test_fuel_patch_0_hands_the_call_to_the_other_paths(monkeypatch):
     generator = torch.Generator().manual_seed(5)
     x, w, b = operands("conv2d", 2, 32, 32, 1, (3, 3), (9, 9), True, torch.float32, generator)
+    assert fuel_torch.patch_brgemm()
     monkeypatch.setenv("FUEL_PATCH", "0")
+    assert not fuel_torch.patch_brgemm()
     before = patch_images()
     ours = fuel_torch.conv2d(x, w, b, padding=1)
     assert patch_images() == before
