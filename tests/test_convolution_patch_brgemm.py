@@ -29,7 +29,9 @@ import torch
 import fuel_torch
 from fuel_torch import reference
 
-from test_convolution import API, assert_same_bits_for_every_thread_count, check_values, operands
+from brgemm_cases import (FLUSH_CASES, FORMATS, brgemm_serves, check_a_failing_image_is_computed_alone, check_case,
+                          check_deterministic, check_flushed_operands_keep_their_value, scaled_operands)
+from test_convolution import check_values, operands
 
 # (op, n, cin, cout, groups, kernel, spatial, geometry, bias)
 CASES = [
@@ -48,32 +50,15 @@ CASES = [
      True),
     ("conv_transpose2d", 2, 64, 16, 1, (7, 7), (9, 10), {"stride": 2, "padding": 3, "output_padding": 1}, True),
 ]
-FORMATS = {"contiguous": torch.contiguous_format, "channels_last": torch.channels_last}
-
-
 def patch_images() -> int:
     return fuel_torch._C.path_counts()["patch_brgemm_images"]
-
-
-def path_serves(dtype) -> bool:
-    if dtype == torch.bfloat16:
-        return fuel_torch.amx_convolution()
-    return fuel_torch.float_brgemm() and fuel_torch.cpu_capability() == "AVX512"
 
 
 @pytest.mark.parametrize("x_format", FORMATS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[2]}x{c[3]}-g{c[4]}-{c[5]}-{c[7]}")
 def test_values_within_the_contract(case, dtype, x_format):
-    op, n, cin, cout, groups, kernel, spatial, geometry, bias = case
-    generator = torch.Generator().manual_seed(cin * cout + 1)
-    x, w, b = operands(op, n, cin, cout, groups, kernel, spatial, bias, dtype, generator)
-    x = x.contiguous(memory_format=FORMATS[x_format])
-    before = patch_images()
-    ours = API[op](x, w, b, **geometry)
-    assert patch_images() - before == (n if path_serves(dtype) else 0)
-    assert ours.is_contiguous(memory_format=FORMATS[x_format])
-    check_values(op, ours.contiguous(), x.contiguous(), w, b, geometry, versus_torch=dtype == torch.float32)
+    check_case(case, dtype, x_format, patch_images, seed=case[2] * case[3] + 1)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
@@ -84,45 +69,28 @@ def test_channels_last_weight_gives_the_same_bits(dtype):
     assert reference.bit_equal(ours.contiguous(), fuel_torch.conv2d(x, w, b, padding=1))
 
 
-def scaled_stem(x_scale: float, w_scale: float, bias_value: float | None):
-    """A 7x7/2 stem (3 -> 32 channels) on values of magnitudes 1..2 times the scales (powers of two:
-    every operand and product is exact), bias bias_value."""
-    generator = torch.Generator().manual_seed(19)
-    x = (torch.rand(2, 3, 12, 12, generator=generator, dtype=torch.float64) + 1) * x_scale
-    w = (torch.rand(32, 3, 7, 7, generator=generator, dtype=torch.float64) + 1) * w_scale
-    b = None if bias_value is None else torch.full((32,), bias_value, dtype=torch.float64)
-    return x.bfloat16(), w.bfloat16(), None if b is None else b.bfloat16()
-
-
 STEM = {"stride": 2, "padding": 3}
 
 
-@pytest.mark.parametrize("x_scale,w_scale,bias_value", [
-    pytest.param(2.0**-130, 2.0**8, None, id="subnormal inputs"),
-    pytest.param(2.0**4, 2.0**-132, None, id="subnormal weights"),
-    pytest.param(2.0**-70, 2.0**-62, None, id="products below float32's normal range"),
-    pytest.param(0.0, 1.0, 2.0**-127, id="a subnormal bias and no input: the outputs are the bias"),
-])
+def scaled_stem(x_scale: float, w_scale: float, bias_value: float | None):
+    """A 7x7/2 stem of 3 -> 32 channels (brgemm_cases.scaled_operands): copied patches."""
+    return scaled_operands((2, 3, 12, 12), (32, 3, 7, 7), x_scale, w_scale, bias_value, seed=19)
+
+
+@pytest.mark.parametrize("x_scale,w_scale,bias_value", FLUSH_CASES)
 def test_operands_the_tile_unit_would_flush_keep_their_value(x_scale, w_scale, bias_value):
-    x, w, b = scaled_stem(x_scale, w_scale, bias_value)
     before = patch_images()
-    ours = fuel_torch.conv2d(x, w, b, **STEM)
+    check_flushed_operands_keep_their_value(*scaled_stem(x_scale, w_scale, bias_value), STEM)
     assert patch_images() == before  # no image passes the rule
-    exact, _ = fuel_torch.convolution.float64_reference("conv2d", x, w, b, **STEM)
-    assert (exact.abs() > 0).all() and (ours.double().abs() > 0).all()
-    check_values("conv2d", ours, x, w, b, STEM)
 
 
 def test_an_image_that_fails_the_rule_leaves_the_others_on_the_path():
     x, w, b = scaled_stem(1.0, 2.0**8, None)
     x[1] = x[1] * 2.0**-130  # subnormal in bfloat16; its products with the weights are normal
     before = patch_images()
-    whole = fuel_torch.conv2d(x, w, b, **STEM)
+    fuel_torch.conv2d(x, w, b, **STEM)
     assert patch_images() - before == (1 if fuel_torch.amx_convolution() else 0)
-    for i in range(2):
-        assert reference.bit_equal(whole[i:i + 1], fuel_torch.conv2d(x[i:i + 1].clone(), w, b, **STEM)), i
-    check_values("conv2d", whole, x, w, b, STEM)
-    assert (whole[1].double().abs() > 0).all()  # the tile unit would have read image 1 as zeros
+    check_a_failing_image_is_computed_alone(x, w, b, STEM)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
@@ -134,12 +102,7 @@ def test_an_image_that_fails_the_rule_leaves_the_others_on_the_path():
 def test_deterministic_across_calls_threads_and_batches(op, geometry, dtype):
     generator = torch.Generator().manual_seed(23)
     kernel = (7, 7) if geometry.get("stride") == 2 and op == "conv2d" else (3, 3)
-    x, w, b = operands(op, 3, 48, 80, 1, kernel, (17, 19), True, dtype, generator)
-    first = API[op](x, w, b, **geometry)
-    assert all(reference.bit_equal(API[op](x, w, b, **geometry), first) for _ in range(5))
-    assert_same_bits_for_every_thread_count(op, x, w, b, geometry, first)
-    for i in range(3):
-        assert reference.bit_equal(first[i:i + 1], API[op](x[i:i + 1].clone(), w, b, **geometry)), i
+    check_deterministic(op, *operands(op, 3, 48, 80, 1, kernel, (17, 19), True, dtype, generator), geometry)
 
 
 def test_fuel_patch_0_hands_the_call_to_the_other_paths(monkeypatch):
@@ -154,7 +117,7 @@ def test_fuel_patch_0_hands_the_call_to_the_other_paths(monkeypatch):
     check_values("conv2d", ours, x, w, b, {"padding": 1})
     monkeypatch.delenv("FUEL_PATCH")
     fuel_torch.conv2d(x, w, b, padding=1)
-    assert patch_images() - before == (2 if path_serves(torch.float32) else 0)
+    assert patch_images() - before == (2 if brgemm_serves(torch.float32) else 0)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)

@@ -38,8 +38,9 @@ import torch
 import fuel_torch
 from fuel_torch import reference
 
-from test_convolution import (API, assert_file_passes_in_child, assert_same_bits_for_every_thread_count, check_values,
-                              operands)
+from brgemm_cases import (FLUSH_CASES, FORMATS, check_a_failing_image_is_computed_alone, check_case, check_deterministic,
+                          check_flushed_operands_keep_their_value, scaled_operands)
+from test_convolution import assert_file_passes_in_child, operands
 
 TESTS = Path(__file__).parent
 
@@ -87,35 +88,16 @@ CASES = [
     ("conv_transpose2d", 1, 32, 36, 2, (3, 3), (6, 7), {"stride": 2, "padding": 1, "output_padding": 1, "groups": 2},
      True),
 ]
-FORMATS = {"contiguous": torch.contiguous_format, "channels_last": torch.channels_last}
-
-
-def served_images(dtype) -> int:
+def served_images() -> int:
     counts = fuel_torch._C.path_counts()
-    return counts["amx_images"] if dtype == torch.bfloat16 else counts["float_brgemm_images"]
-
-
-def path_serves(dtype) -> bool:
-    """Whether calls of >= 16 channels per group in and out take the path here (bfloat16: with
-    operands that pass the exponent rule)."""
-    if dtype == torch.bfloat16:
-        return fuel_torch.amx_convolution()
-    return fuel_torch.float_brgemm() and fuel_torch.cpu_capability() == "AVX512"
+    return counts["amx_images"] + counts["float_brgemm_images"]
 
 
 @pytest.mark.parametrize("x_format", FORMATS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[2]}x{c[3]}-g{c[4]}-{c[5]}-{c[7]}")
 def test_values_within_the_contract(case, dtype, x_format):
-    op, n, cin, cout, groups, kernel, spatial, geometry, bias = case
-    generator = torch.Generator().manual_seed(cin * cout)
-    x, w, b = operands(op, n, cin, cout, groups, kernel, spatial, bias, dtype, generator)
-    x = x.contiguous(memory_format=FORMATS[x_format])
-    before = served_images(dtype)
-    ours = API[op](x, w, b, **geometry)
-    assert served_images(dtype) - before == (n if path_serves(dtype) else 0)
-    assert ours.is_contiguous(memory_format=FORMATS[x_format])
-    check_values(op, ours.contiguous(), x.contiguous(), w, b, geometry, versus_torch=dtype == torch.float32)
+    check_case(case, dtype, x_format, served_images, seed=case[2] * case[3])
 
 
 def test_channels_last_weight():
@@ -125,46 +107,20 @@ def test_channels_last_weight():
     assert reference.bit_equal(ours.contiguous(), fuel_torch.conv2d(x, w, b, padding=1))
 
 
-def exact_result(op, x, w, b, geometry):
-    exact, _ = fuel_torch.convolution.float64_reference(op, x, w, b, **geometry)
-    return exact
-
-
 def scaled_case(x_scale: float, w_scale: float, bias_value: float | None):
-    """A 3x3 conv of 32 -> 32 channels on values of magnitudes 1..2 times the scales (powers of two,
-    so every operand and product is exact), bias bias_value."""
-    generator = torch.Generator().manual_seed(17)
-    x = (torch.rand(2, 32, 6, 6, generator=generator, dtype=torch.float64) + 1) * x_scale
-    w = (torch.rand(32, 32, 3, 3, generator=generator, dtype=torch.float64) + 1) * w_scale
-    b = None if bias_value is None else torch.full((32,), bias_value, dtype=torch.float64)
-    return x.bfloat16(), w.bfloat16(), None if b is None else b.bfloat16()
+    """A 3x3 conv of 32 -> 32 channels (scaled_operands)."""
+    return scaled_operands((2, 32, 6, 6), (32, 32, 3, 3), x_scale, w_scale, bias_value, seed=17)
 
 
-@pytest.mark.parametrize("x_scale,w_scale,bias_value", [
-    pytest.param(2.0**-130, 2.0**8, None, id="subnormal inputs"),
-    pytest.param(2.0**4, 2.0**-132, None, id="subnormal weights"),
-    pytest.param(2.0**-70, 2.0**-62, None, id="products below float32's normal range"),
-    pytest.param(0.0, 1.0, 2.0**-127, id="a subnormal bias and no input: the outputs are the bias"),
-])
+@pytest.mark.parametrize("x_scale,w_scale,bias_value", FLUSH_CASES)
 def test_operands_the_tile_unit_would_flush_keep_their_value(x_scale, w_scale, bias_value):
-    """The tile unit would return zero for each of these; the contract's sums do not."""
-    x, w, b = scaled_case(x_scale, w_scale, bias_value)
-    ours = fuel_torch.conv2d(x, w, b, padding=1)
-    exact = exact_result("conv2d", x, w, b, {"padding": 1})
-    assert (exact.abs() > 0).all() and (ours.double().abs() > 0).all()
-    check_values("conv2d", ours, x, w, b, {"padding": 1})
+    check_flushed_operands_keep_their_value(*scaled_case(x_scale, w_scale, bias_value), {"padding": 1})
 
 
 def test_an_image_that_fails_the_rule_leaves_the_others_on_the_path():
-    """Per image: the image with subnormal inputs is computed as it would be alone, and so is the
-    ordinary one next to it."""
     x, w, b = scaled_case(1.0, 2.0**8, None)
     x[1] = x[1] * 2.0**-130  # subnormal in bfloat16; its products with the weights are normal
-    whole = fuel_torch.conv2d(x, w, b, padding=1)
-    for i in range(2):
-        assert reference.bit_equal(whole[i:i + 1], fuel_torch.conv2d(x[i:i + 1].clone(), w, b, padding=1)), i
-    check_values("conv2d", whole, x, w, b, {"padding": 1})
-    assert (whole[1].double().abs() > 0).all()  # the tile unit would have read image 1 as zeros
+    check_a_failing_image_is_computed_alone(x, w, b, {"padding": 1})
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
@@ -172,12 +128,7 @@ def test_an_image_that_fails_the_rule_leaves_the_others_on_the_path():
 def test_deterministic_across_calls_threads_and_batches(op, dtype):
     generator = torch.Generator().manual_seed(23)
     geometry = {"padding": 1, "stride": 2} if op == "conv2d" else {"padding": 1, "stride": 2, "output_padding": 1}
-    x, w, b = operands(op, 3, 64, 80, 1, (3, 3), (17, 19), True, dtype, generator)
-    first = API[op](x, w, b, **geometry)
-    assert all(reference.bit_equal(API[op](x, w, b, **geometry), first) for _ in range(5))
-    assert_same_bits_for_every_thread_count(op, x, w, b, geometry, first)
-    for i in range(3):
-        assert reference.bit_equal(first[i:i + 1], API[op](x[i:i + 1].clone(), w, b, **geometry)), i
+    check_deterministic(op, *operands(op, 3, 64, 80, 1, (3, 3), (17, 19), True, dtype, generator), geometry)
 
 
 def test_the_suite_passes_on_the_chassis_too():
