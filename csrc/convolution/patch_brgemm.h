@@ -302,24 +302,13 @@ void store_patch_block(const float* c, float* turned, const PatchBlock& blk, int
   }
 }
 
-// Computes the images that take this path (every image for float32; for bfloat16 those whose
-// operands pass the exponent rule); returns, per image, whether it did.
+// Stages every image into `staged` and returns, per image, whether this path computes it: every
+// image for float32; for bfloat16 those whose operands pass the exponent rule (tap_brgemm.h).
 template <typename scalar_t>
-std::vector<char> convolve_patch_brgemm(const Problem& p, const Axis& ax_h, const Axis& ax_w, const scalar_t* x,
-                                        const Layout& xl, const ConvOperands& o, const scalar_t* bias, scalar_t* out,
-                                        const Layout& ol) {
-  constexpr bool paired = std::is_same_v<scalar_t, at::BFloat16>;
-  const int64_t G = p.groups, Cout_g = p.Cout / G;
-  PatchStaging st;
-  patch_staging<scalar_t>(p, ax_h, ax_w, st);
-  std::vector<PatchPhase> phases = patch_phases(ax_h, ax_w, st);
-  const std::vector<scalar_t> packed =
-      pack_patch_weights<scalar_t>(p, phases, st, static_cast<const scalar_t*>(o.weight), o.weight_strides);
-  const int64_t weights_per_group = static_cast<int64_t>(packed.size()) / G;
-
+std::vector<char> stage_patch_images(const Problem& p, const PatchStaging& st, const scalar_t* x, const Layout& xl,
+                                     const std::vector<scalar_t>& packed, const scalar_t* bias, scalar_t* staged) {
   std::vector<char> done(p.N, 1);
-  scalar_t* const staged = reused_planes<scalar_t>(p.N * G * st.image_group);
-  if constexpr (paired) {
+  if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
     int ew = kSmallestEx, eb = kSmallestEx;
     bool sub_w = false, sub_b = false;
     scan_exponents(packed.data(), static_cast<int64_t>(packed.size()), 1, ew, sub_w);
@@ -334,6 +323,41 @@ std::vector<char> convolve_patch_brgemm(const Problem& p, const Axis& ax_h, cons
     path_counts().float_brgemm_images += p.N;
   }
   path_counts().patch_brgemm_images += std::count(done.begin(), done.end(), 1);
+  return done;
+}
+
+// A = the patches of grid positions [m0, m0 + rows) of one phase, one row of K elements each.
+template <typename scalar_t>
+void copy_patches(const PatchPhase& pp, const PatchStaging& st, const Axis& ax_h, const Axis& ax_w, int64_t count_w,
+                  const scalar_t* image, int64_t m0, int64_t rows, scalar_t* a) {
+  for (int64_t m = 0; m < rows; ++m) {
+    const int64_t jh = (m0 + m) / count_w, jw = (m0 + m) % count_w;
+    const scalar_t* base = image + (ax_h.in_step * jh * st.Ws + ax_w.in_step * jw) * st.Cp;
+    scalar_t* dst = a + m * pp.K;
+    for (const PatchRun& run : pp.runs) {
+      copy_bytes(reinterpret_cast<const char*>(base + run.offset), reinterpret_cast<char*>(dst),
+                 run.length * sizeof(scalar_t));
+      dst += run.length;
+    }
+  }
+}
+
+// Computes the images that take this path and returns, per image, whether it did (the caller
+// computes the others).
+template <typename scalar_t>
+std::vector<char> convolve_patch_brgemm(const Problem& p, const Axis& ax_h, const Axis& ax_w, const scalar_t* x,
+                                        const Layout& xl, const ConvOperands& o, const scalar_t* bias, scalar_t* out,
+                                        const Layout& ol) {
+  constexpr bool paired = std::is_same_v<scalar_t, at::BFloat16>;
+  const int64_t G = p.groups, Cout_g = p.Cout / G;
+  PatchStaging st;
+  patch_staging<scalar_t>(p, ax_h, ax_w, st);
+  std::vector<PatchPhase> phases = patch_phases(ax_h, ax_w, st);
+  const std::vector<scalar_t> packed =
+      pack_patch_weights<scalar_t>(p, phases, st, static_cast<const scalar_t*>(o.weight), o.weight_strides);
+  const int64_t weights_per_group = static_cast<int64_t>(packed.size()) / G;
+  scalar_t* const staged = reused_planes<scalar_t>(p.N * G * st.image_group);
+  const std::vector<char> done = stage_patch_images<scalar_t>(p, st, x, xl, packed, bias, staged);
   if (std::find(done.begin(), done.end(), 1) == done.end()) return done;
 
   const int64_t n_ph = static_cast<int64_t>(ax_h.phases.size()), n_pw = static_cast<int64_t>(ax_w.phases.size());
@@ -376,16 +400,7 @@ std::vector<char> convolve_patch_brgemm(const Problem& p, const Axis& ax_h, cons
       const int64_t m0 = block * blk.rows, rows = std::min(blk.rows, (ph.count - 1) * pitch + pw.count - m0);
       if (rows <= 0) continue;  // a phase with fewer positions than the largest
       const scalar_t* image = staged + (n * G + g) * st.image_group;
-      for (int64_t m = 0; !in_place && m < rows; ++m) {
-        const int64_t jh = (m0 + m) / pw.count, jw = (m0 + m) % pw.count;
-        const scalar_t* base = image + (ax_h.in_step * jh * st.Ws + ax_w.in_step * jw) * st.Cp;
-        scalar_t* dst = a.get() + m * pp.K;
-        for (const PatchRun& run : pp.runs) {
-          copy_bytes(reinterpret_cast<const char*>(base + run.offset), reinterpret_cast<char*>(dst),
-                     run.length * sizeof(scalar_t));
-          dst += run.length;
-        }
-      }
+      if (!in_place) copy_patches(pp, st, ax_h, ax_w, pw.count, image, m0, rows, a.get());
       const scalar_t* b_phase = packed.data() + g * weights_per_group + pp.weight_offset;
       for (int64_t co0 = 0; co0 < Cout_g; co0 += blk.ldc) {
         const int64_t cols = std::min(blk.ldc, Cout_g - co0);
