@@ -219,15 +219,19 @@ void convolve_wide_brgemm(const Problem& p, const scalar_t* x, const Layout& xl,
   constexpr bool paired = kPaired<scalar_t>;
   ++path_counts().wide_brgemm_calls;
   const Grid g = make_grid(p);
-  const int64_t co_blocks = (p.Cout + kGemmBlock - 1) / kGemmBlock;
-  const int64_t b_blocks = (p.N + kGemmBlock - 1) / kGemmBlock;
-  const int64_t taps = p.Ho * p.Wo, tasks = co_blocks * b_blocks * taps;
+  const int64_t b_blocks = (p.N + kGemmBlock - 1) / kGemmBlock, taps = p.Ho * p.Wo;
+  // Output channels per task: kGemmBlock, or half that where whole blocks would make fewer than 16
+  // tasks (a 3x3 weight gradient's 9 taps went 5 and 4 to two threads). Which task computes an
+  // output changes none of its sums.
+  const int64_t co_block =
+      (p.Cout + kGemmBlock - 1) / kGemmBlock * b_blocks * taps < 16 ? kGemmBlock / 2 : kGemmBlock;
+  const int64_t co_blocks = (p.Cout + co_block - 1) / co_block, tasks = co_blocks * b_blocks * taps;
   constexpr int64_t kTile = kGemmBlock * kGemmBlock;
   // Each task's accumulator, [rows][cols] at ldc = cols, starting at the bias.
   const auto acc = scratch<float>(tasks * kTile);
   for (int64_t t = 0; t < tasks; ++t) {
-    const int64_t cb = t / taps / b_blocks, co0 = cb * kGemmBlock;
-    const int64_t rows = std::min(kGemmBlock, p.Cout - co0), cols = std::min(kGemmBlock, p.N - t / taps % b_blocks * kGemmBlock);
+    const int64_t cb = t / taps / b_blocks, co0 = cb * co_block;
+    const int64_t rows = std::min(co_block, p.Cout - co0), cols = std::min(kGemmBlock, p.N - t / taps % b_blocks * kGemmBlock);
     for (int64_t r = 0; r < rows; ++r) {
       std::fill_n(acc.get() + t * kTile + r * cols, cols, bias ? static_cast<float>(bias[co0 + r]) : 0.f);
     }
@@ -249,8 +253,8 @@ void convolve_wide_brgemm(const Problem& p, const scalar_t* x, const Layout& xl,
         const int64_t kc = std::min(kChunk, g.K - k0);
         for (int64_t t = first; t < last; ++t) {
           const int64_t tap = t % taps, bb = t / taps % b_blocks, cb = t / taps / b_blocks;
-          const int64_t co0 = cb * kGemmBlock, b0 = bb * kGemmBlock;
-          const int64_t rows = std::min(kGemmBlock, p.Cout - co0), cols = std::min(kGemmBlock, p.N - b0);
+          const int64_t co0 = cb * co_block, b0 = bb * kGemmBlock;
+          const int64_t rows = std::min(co_block, p.Cout - co0), cols = std::min(kGemmBlock, p.N - b0);
           const int64_t shift = tap / p.Wo * p.stride[0] * g.Wp + tap % p.Wo * p.stride[1] + k0;
           const scalar_t* a = buf.a + co0 * g.K + k0;
           const scalar_t* b = paired ? (shift % 2 ? buf.x_odd : buf.x_even) + (shift / 2) * 2 * p.N + 2 * b0
@@ -266,8 +270,8 @@ void convolve_wide_brgemm(const Problem& p, const scalar_t* x, const Layout& xl,
   at::parallel_for(0, tasks, 1, [&](int64_t first, int64_t last) {
     for (int64_t t = first; t < last; ++t) {
       const int64_t tap = t % taps, bb = t / taps % b_blocks, cb = t / taps / b_blocks;
-      const int64_t co0 = cb * kGemmBlock, b0 = bb * kGemmBlock;
-      const int64_t rows = std::min(kGemmBlock, p.Cout - co0), cols = std::min(kGemmBlock, p.N - b0);
+      const int64_t co0 = cb * co_block, b0 = bb * kGemmBlock;
+      const int64_t rows = std::min(co_block, p.Cout - co0), cols = std::min(kGemmBlock, p.N - b0);
       const float* sum = acc.get() + t * kTile;
       for (int64_t r = 0; r < rows; ++r) {
         for (int64_t j = 0; j < cols; ++j) {
