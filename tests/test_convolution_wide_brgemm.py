@@ -170,6 +170,20 @@ def test_deterministic_across_calls_and_threads(dtype):
     assert_same_bits_for_every_thread_count("conv2d", x, w, b, geometry, first)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_output_channel_blocks_change_no_bits(dtype):
+    """A 3x3 weight gradient's 9 taps give 64 output channels half-height blocks (more tasks than
+    threads); its 16-channel slices, computed alone, are the same bits."""
+    generator = torch.Generator().manual_seed(31)
+    x = torch.randn(64, 4, 30, 30, generator=generator).to(dtype)
+    w = torch.randn(64, 4, 28, 28, generator=generator).to(dtype)
+    before = fuel_torch._C.path_counts()["wide_brgemm_calls"]
+    whole = fuel_torch.conv2d(x, w)
+    slices = [fuel_torch.conv2d(x, w[i:i + 16].clone()) for i in range(0, 64, 16)]
+    assert fuel_torch._C.path_counts()["wide_brgemm_calls"] - before == (5 if path_serves(dtype) else 0)
+    assert reference.bit_equal(whole, torch.cat(slices, 1))
+
+
 def test_the_switch_follows_the_level_mkldnn_and_fuel_brgemm():
     expected = fuel_torch.cpu_capability() != "DEFAULT" and os.environ.get("FUEL_BRGEMM") != "0"
     assert fuel_torch.float_brgemm() is expected
