@@ -7,11 +7,13 @@
 // those brgemms does little but move C. Here the input is staged once, zero-padded, with each
 // group's channels innermost, [n][g][row][column][channel] (channels rounded up to a pair for
 // bfloat16, the pad channel zero). A position's patch is then a few contiguous runs of one staged
-// image: taps adjacent along a row (dilation 1, or a transposed conv's phase) are one run. A task
-// copies the patches of kPatchRows positions of one phase into A = [positions][K], K = taps x
-// channels, and runs one brgemm per block of output channels against B, the weight packed once per
-// call as [K][Cout_g] (bfloat16: VNNI pairs along K). C = [positions][output channels] starts at the
-// bias and is turned round to an NCHW output by 16 x 16 register transposes.
+// image: taps adjacent along a row (dilation 1, or a transposed conv's phase) are one run. Where
+// every tap steps by 1 (a stride-1 conv2d, every transposed conv's phase), A = [positions][K] is the
+// staged rows themselves, lda = the channels, one brgemm per run; elsewhere a task copies the
+// patches of kPatchRows positions of one phase into A, K = taps x channels, one brgemm for all.
+// B is the weight packed once per call as [K][Cout_g] (bfloat16: VNNI pairs along K), taken in
+// blocks of output channels. C = [positions][output channels] starts at the bias and is turned
+// round to an NCHW output by 16 x 16 register transposes.
 //
 // Summation order, fixed by the geometry alone: each output starts at its bias, then K in the order
 // (tap row, tap column, channel) over the taps that reach its phase, each axis's taps sorted by
@@ -57,9 +59,10 @@ inline PatchBlock patch_block(int64_t Cout_g, bool in_place) {
   const int64_t ldc = std::min(kPatchChannels, (Cout_g + 15) / 16 * 16);
   return {in_place ? kPatchBlock / ldc / 16 * 16 : kPatchRows, ldc};  // whole tiles of rows for the transposes
 }
+
 // float32 terms per brgemm: each chunk is summed from zero and added to C. 64 keeps the largest
-// error near torch's (256 doubled it: one fused chain over a 3x3 kernel's row of 64 channels) and
-// costs no time against 256 on a ResNet 3x3.
+// error at the per-tap path's on 64-channel taps; 256-term chunks doubled it, past the suite's
+// bound of twice torch's error, and were no faster on a ResNet 3x3.
 constexpr int64_t kPatchChunk = 64;
 constexpr double kStagingBudget = double(int64_t(256) << 20);
 
