@@ -31,7 +31,7 @@ from fuel_torch import reference
 
 from brgemm_cases import (FLUSH_CASES, FORMATS, brgemm_serves, check_a_failing_image_is_computed_alone, check_case,
                           check_deterministic, check_flushed_operands_keep_their_value, scaled_operands)
-from test_convolution import check_values, operands
+from test_convolution import API, check_values, operands
 
 # (op, n, cin, cout, groups, kernel, spatial, geometry, bias)
 CASES = [
@@ -59,6 +59,29 @@ def patch_images() -> int:
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[2]}x{c[3]}-g{c[4]}-{c[5]}-{c[7]}")
 def test_values_within_the_contract(case, dtype, x_format):
     check_case(case, dtype, x_format, patch_images, seed=case[2] * case[3] + 1)
+
+
+# Fewer than 16 output channels per group: bfloat16 takes the path, float32 the chassis.
+FEW_CHANNEL_CASES = [
+    ("conv_transpose2d", 2, 64, 3, 1, (7, 7), (9, 8), {"stride": 2, "padding": 3, "output_padding": 1}, True),
+    ("conv2d", 2, 16, 5, 1, (3, 3), (11, 10), {"padding": 1}, True),
+    ("conv2d", 1, 3, 8, 1, (7, 7), (17, 16), {"stride": 2, "padding": 3}, False),
+    ("conv2d", 2, 12, 6, 3, (3, 3), (9, 9), {"padding": 1, "groups": 3}, True),
+]
+
+
+@pytest.mark.parametrize("x_format", FORMATS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("case", FEW_CHANNEL_CASES, ids=lambda c: f"{c[0]}-{c[2]}x{c[3]}-g{c[4]}-{c[5]}")
+def test_few_output_channels_take_the_path_in_bfloat16_only(case, dtype, x_format):
+    op, n, cin, cout, groups, kernel, spatial, geometry, bias = case
+    x, w, b = operands(op, n, cin, cout, groups, kernel, spatial, bias, dtype, torch.Generator().manual_seed(cout))
+    x = x.contiguous(memory_format=FORMATS[x_format])
+    before = patch_images()
+    ours = API[op](x, w, b, **geometry)
+    served = dtype == torch.bfloat16 and brgemm_serves(dtype)
+    assert patch_images() - before == (n if served else 0)
+    check_values(op, ours.contiguous(), x.contiguous(), w, b, geometry)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
@@ -103,6 +126,21 @@ def test_deterministic_across_calls_threads_and_batches(op, geometry, dtype):
     generator = torch.Generator().manual_seed(23)
     kernel = (7, 7) if geometry.get("stride") == 2 and op == "conv2d" else (3, 3)
     check_deterministic(op, *operands(op, 3, 48, 80, 1, kernel, (17, 19), True, dtype, generator), geometry)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("cout", [3, 20])
+@pytest.mark.parametrize("op", ("conv2d", "conv_transpose2d"))
+def test_no_input_channels_give_the_bias_elsewhere(op, cout, dtype):
+    """Zero input channels leave nothing to stage (a division by zero in the staging grain, found by
+    test_fuzz): the call goes to the chassis, which writes the bias."""
+    generator = torch.Generator().manual_seed(cout)
+    x, w, b = operands(op, 2, 0, cout, 1, (3, 3), (5, 6), True, dtype, generator)
+    geometry = {"padding": 1, "stride": 2} if op == "conv_transpose2d" else {"padding": 1}
+    before = patch_images()
+    ours = API[op](x, w, b, **geometry)
+    assert patch_images() == before
+    assert reference.bit_equal(ours, b.view(1, -1, 1, 1).expand_as(ours).contiguous())
 
 
 def test_fuel_patch_0_hands_the_call_to_the_other_paths(monkeypatch):
