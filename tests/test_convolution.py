@@ -500,6 +500,20 @@ def test_empty_input_rows_read_only_padding(op):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("groups", [1, 3], ids=["dense", "depthwise"])
+@pytest.mark.parametrize("stride", [1, 2, 3])
+def test_empty_input_columns_read_only_padding(stride, groups, dtype):
+    """W = 0 with padding: the outputs are the bias. Column strides beyond the padding once let the
+    depthwise path read column 0 of an empty row (found by test_fuzz at 3000 examples)."""
+    x = torch.randn(1, 3, 2, 0).to(dtype)
+    w = torch.randn(3, 3 // groups, 1, 1).to(dtype)
+    b = torch.tensor([0.5, -1.0, 2.0]).to(dtype)
+    geometry = {"stride": (1, stride), "padding": 1, "dilation": (3, 1), "groups": groups}
+    ours = fuel_torch.conv2d(x, w, b, **geometry)
+    assert reference.bit_equal(ours, b.reshape(1, 3, 1, 1).expand(ours.shape).contiguous())
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("op", OPS)
 def test_out_overload_overwrites_every_element(op, dtype):
     generator = torch.Generator().manual_seed(2)

@@ -32,9 +32,12 @@ void widen_lines(const scalar_t* plane, const Layout& xl, const Problem& p, int6
     const scalar_t* src = plane + ih * xl.h;
     for (int64_t r = 0; r < sw; ++r) {
       acc_t* line = first + r * len;
-      // j reads column sw * j + r - pw, inside [0, W) for j in [lo, hi).
+      // j reads column sw * j + r - pw, inside [0, W) for j in [lo, hi). The last such column's
+      // numerator is negative where W = 0 or r > W - 1 + pw: then there is none (a truncating
+      // division would have let j = 0 read column r - pw of an empty row).
       const int64_t lo = std::clamp<int64_t>((pw - r + sw - 1) / sw, 0, len);
-      const int64_t hi = std::clamp<int64_t>((p.W - 1 + pw - r) / sw + 1, lo, len);
+      const int64_t last = p.W - 1 + pw - r;
+      const int64_t hi = last < 0 ? lo : std::clamp<int64_t>(last / sw + 1, lo, len);
       zero(line, lo);
       if (sw == 1 && xl.w == 1) {
         widen<scalar_t>(src + lo - pw, line + lo, hi - lo);
