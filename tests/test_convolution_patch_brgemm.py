@@ -146,6 +146,7 @@ def test_no_input_channels_give_the_bias_elsewhere(op, cout, dtype):
 def test_fuel_patch_0_hands_the_call_to_the_other_paths(monkeypatch):
     generator = torch.Generator().manual_seed(5)
     x, w, b = operands("conv2d", 2, 32, 32, 1, (3, 3), (9, 9), True, torch.float32, generator)
+    monkeypatch.delenv("FUEL_PATCH", raising=False)  # a suite run with FUEL_PATCH=0 set still tests the switch
     assert fuel_torch.patch_brgemm()
     monkeypatch.setenv("FUEL_PATCH", "0")
     assert not fuel_torch.patch_brgemm()

@@ -68,10 +68,9 @@ void convolve_general(const Problem& p, const scalar_t* x, const Layout& xl, con
   if constexpr (std::is_same_v<scalar_t, at::BFloat16> || std::is_same_v<scalar_t, float>) {
     const Axis ax_h = make_axis(p, 0), ax_w = make_axis(p, 1);
     std::vector<char> done;
-    const PaddedPlanes planes = padded_planes(ax_h, ax_w, kPositions);
-    if (patch_brgemm_serves<scalar_t>(p, ax_h, ax_w)) {
-      done = convolve_patch_brgemm<scalar_t>(p, ax_h, ax_w, x, xl, o, bias, out, ol);
-    } else if (tap_brgemm_serves<scalar_t>(p, planes)) {
+    if (std::optional<PatchPlan> plan = patch_plan<scalar_t>(p, ax_h, ax_w)) {
+      done = convolve_patch_brgemm<scalar_t>(p, ax_h, ax_w, std::move(*plan), x, xl, o, bias, out, ol);
+    } else if (const PaddedPlanes planes = padded_planes(ax_h, ax_w, kPositions); tap_brgemm_serves<scalar_t>(p, planes)) {
       done = convolve_tap_brgemm<scalar_t>(p, ax_h, ax_w, planes, x, xl, o, bias, out, ol);
     }
     if (!done.empty()) {

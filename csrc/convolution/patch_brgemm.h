@@ -28,6 +28,7 @@
 #include <ATen/native/CPUBlas.h>
 
 #include <cstring>
+#include <optional>
 
 #include "axes.h"
 #include "kernel_common.h"
@@ -151,32 +152,36 @@ inline bool patch_in_place(const Axis& ax_h, const Axis& ax_w, const std::vector
   return in_place;
 }
 
-// Whether this path serves the call: bfloat16 on AMX, float32 where brgemm reaches oneDNN; not
-// depthwise (the caller's), every phase reached by some tap, and staging within its budget.
-// float32 needs a tile's worth of output channels per group (below that the chassis was 2.5x
-// faster on a 3-channel stem transpose); bfloat16 takes any count: with 13 of 16 tile columns
-// empty the tile unit was still 15-20% faster than the chassis there. A 1x1 kernel's patch is one tap:
-// tap_brgemm.h computes it as the same single brgemm without the staged copy (in place, for an
-// NCHW stride-1 input).
-template <typename scalar_t>
-bool patch_brgemm_serves(const Problem& p, const Axis& ax_h, const Axis& ax_w) {
-  if (!patch_brgemm_allowed() || p.Kh * p.Kw == 1 || p.Cin == 0) return false;  // no input: the bias alone
-  if (!std::is_same_v<scalar_t, at::BFloat16> && p.Cout / p.groups < 16) return false;
-  if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
-    if (!amx_convolution_enabled()) return false;
-  } else if constexpr (std::is_same_v<scalar_t, float>) {
-    if (!float_brgemm_enabled()) return false;
-  } else {
-    return false;
-  }
+// A call's plan on this path: the staging, each phase's patch, whether A is read in place, and
+// the longest patch.
+struct PatchPlan {
   PatchStaging st;
-  if (!patch_staging<scalar_t>(p, ax_h, ax_w, st)) return false;
+  std::vector<PatchPhase> phases;
+  bool in_place = false;
+  int64_t max_K = 0;
+};
+
+// The plan where this path serves the call, else nullopt. It serves a dtype the brgemm paths take
+// (tap_brgemm.h), not depthwise (the caller's), every phase reached by some tap, at least one input
+// channel (none: the bias alone, the chassis's), and staging within its budget. float32 needs a
+// tile's worth of output channels per group (below that the chassis was 2.5x faster on a 3-channel
+// stem transpose); bfloat16 takes any count: with 13 of 16 tile columns empty the tile unit was
+// still 15-20% faster than the chassis there. A 1x1 kernel's patch is one tap: tap_brgemm.h
+// computes it as the same single brgemm without the staged copy (in place, for an NCHW stride-1
+// input).
+template <typename scalar_t>
+std::optional<PatchPlan> patch_plan(const Problem& p, const Axis& ax_h, const Axis& ax_w) {
+  if (!patch_brgemm_allowed() || p.Kh * p.Kw == 1 || p.Cin == 0) return std::nullopt;
+  if (!std::is_same_v<scalar_t, at::BFloat16> && p.Cout / p.groups < 16) return std::nullopt;
+  PatchPlan plan;
+  if (!brgemm_dtype_enabled<scalar_t>() || !patch_staging<scalar_t>(p, ax_h, ax_w, plan.st)) return std::nullopt;
+  plan.phases = patch_phases(ax_h, ax_w, plan.st);
+  plan.in_place = patch_in_place(ax_h, ax_w, plan.phases);
+  for (const PatchPhase& pp : plan.phases) plan.max_K = std::max(plan.max_K, pp.K);
   // Copied patches keep a task's A within what a task may hold in L2 (a 3x3 kernel over 128
   // float32 channels, 256 bfloat16 ones); past that, tap_brgemm.h reads the planes in place.
-  const std::vector<PatchPhase> phases = patch_phases(ax_h, ax_w, st);
-  int64_t max_K = 0;
-  for (const PatchPhase& pp : phases) max_K = std::max(max_K, pp.K);
-  return patch_in_place(ax_h, ax_w, phases) || kPatchRows * max_K * int64_t(sizeof(scalar_t)) <= 2 * kScratchBytes;
+  if (!plan.in_place && kPatchRows * plan.max_K * int64_t(sizeof(scalar_t)) > 2 * kScratchBytes) return std::nullopt;
+  return plan;
 }
 
 // A short run of bytes with 64-byte moves, the tail under a mask: runs are a few channels to a few
@@ -318,7 +323,7 @@ std::vector<char> stage_patch_images(const Problem& p, const PatchStaging& st, c
   if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
     int ew = kSmallestEx, eb = kSmallestEx;
     bool sub_w = false, sub_b = false;
-    scan_exponents(packed.data(), static_cast<int64_t>(packed.size()), 1, ew, sub_w);
+    fold_exponents(reinterpret_cast<const uint16_t*>(packed.data()), static_cast<int64_t>(packed.size()), ew, sub_w);
     if (bias) scan_exponents(bias, p.Cout, 1, eb, sub_b);
     if (sub_w || sub_b) return std::vector<char>(p.N, 0);
     ImageExponents seen(p.N);
@@ -352,14 +357,15 @@ void copy_patches(const PatchPhase& pp, const PatchStaging& st, const Axis& ax_h
 // Computes the images that take this path and returns, per image, whether it did (the caller
 // computes the others).
 template <typename scalar_t>
-std::vector<char> convolve_patch_brgemm(const Problem& p, const Axis& ax_h, const Axis& ax_w, const scalar_t* x,
-                                        const Layout& xl, const ConvOperands& o, const scalar_t* bias, scalar_t* out,
-                                        const Layout& ol) {
+std::vector<char> convolve_patch_brgemm(const Problem& p, const Axis& ax_h, const Axis& ax_w, PatchPlan plan,
+                                        const scalar_t* x, const Layout& xl, const ConvOperands& o,
+                                        const scalar_t* bias, scalar_t* out, const Layout& ol) {
   constexpr bool paired = std::is_same_v<scalar_t, at::BFloat16>;
   const int64_t G = p.groups, Cout_g = p.Cout / G;
-  PatchStaging st;
-  patch_staging<scalar_t>(p, ax_h, ax_w, st);
-  std::vector<PatchPhase> phases = patch_phases(ax_h, ax_w, st);
+  const PatchStaging& st = plan.st;
+  std::vector<PatchPhase>& phases = plan.phases;
+  const bool in_place = plan.in_place;
+  const int64_t max_K = plan.max_K;
   const std::vector<scalar_t> packed =
       pack_patch_weights<scalar_t>(p, phases, st, static_cast<const scalar_t*>(o.weight), o.weight_strides);
   const int64_t weights_per_group = static_cast<int64_t>(packed.size()) / G;
@@ -370,14 +376,12 @@ std::vector<char> convolve_patch_brgemm(const Problem& p, const Axis& ax_h, cons
   const int64_t n_ph = static_cast<int64_t>(ax_h.phases.size()), n_pw = static_cast<int64_t>(ax_w.phases.size());
   // In place, A is read at lda = Cp and a task's positions are the staged rows' pitch apart: the
   // Ws - count columns past each grid row are computed and dropped, as on the planar path.
-  const bool in_place = patch_in_place(ax_h, ax_w, phases);
-  int64_t max_positions = 1, max_K = 1;
+  int64_t max_positions = 1;
   for (const Phase& ph : ax_h.phases) {
     for (const Phase& pw : ax_w.phases) {
       max_positions = std::max(max_positions, in_place ? (ph.count - 1) * st.Ws + pw.count : ph.count * pw.count);
     }
   }
-  for (const PatchPhase& pp : phases) max_K = std::max(max_K, pp.K);
   const PatchBlock blk = patch_block(Cout_g, in_place);
   const int64_t blocks = (max_positions + blk.rows - 1) / blk.rows;
   std::vector<float> bias_f(p.Cout, 0.f);
@@ -429,13 +433,6 @@ std::vector<char> convolve_patch_brgemm(const Problem& p, const Axis& ax_h, cons
     at::native::cpublas::brgemm_release(paired);
   });
   return done;
-}
-
-#else
-
-template <typename scalar_t>
-bool patch_brgemm_serves(const Problem&, const Axis&, const Axis&) {
-  return false;
 }
 
 #endif

@@ -267,12 +267,10 @@ TapWeights<T> pack_tap_weights(const Problem& p, const Axis& ax_h, const Axis& a
   return tw;
 }
 
-// Whether this path serves the call: bfloat16 on AMX, float32 where brgemm reaches oneDNN; enough
-// channels to fill the tiles, and padded planes of modest size. (Depthwise calls never reach here.)
+// Whether the brgemm paths of this level (this file and patch_brgemm.h) may take a call of this
+// dtype: bfloat16 where AMX is on, float32 where brgemm reaches oneDNN.
 template <typename scalar_t>
-bool tap_brgemm_serves(const Problem& p, const PaddedPlanes& pl) {
-  const int64_t Cin_g = p.Cin / p.groups, Cout_g = p.Cout / p.groups;
-  if (Cin_g < 16 || Cout_g < 16 || !planes_fit<float>(p, pl)) return false;
+bool brgemm_dtype_enabled() {
   if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
     return amx_convolution_enabled();
   } else if constexpr (std::is_same_v<scalar_t, float>) {
@@ -280,6 +278,14 @@ bool tap_brgemm_serves(const Problem& p, const PaddedPlanes& pl) {
   } else {
     return false;
   }
+}
+
+// Whether this path serves the call: a dtype the brgemm paths take, enough channels to fill the
+// tiles, and padded planes of modest size. (Depthwise calls never reach here.)
+template <typename scalar_t>
+bool tap_brgemm_serves(const Problem& p, const PaddedPlanes& pl) {
+  const int64_t Cin_g = p.Cin / p.groups, Cout_g = p.Cout / p.groups;
+  return Cin_g >= 16 && Cout_g >= 16 && planes_fit<float>(p, pl) && brgemm_dtype_enabled<scalar_t>();
 }
 
 // The planes brgemm reads as B: where image n's group g begins, the stride between B's K rows
