@@ -18,7 +18,7 @@ def brgemm_serves(dtype) -> bool:
     the exponent rule)."""
     if dtype == torch.bfloat16:
         return fuel_torch.amx_convolution()
-    return fuel_torch.float_brgemm() and fuel_torch.cpu_capability() == "AVX512"
+    return fuel_torch.float_brgemm() and fuel_torch.cpu_capability() in ("AVX2", "AVX512")
 
 
 def check_case(case, dtype, x_format, served_images, seed):

@@ -1,7 +1,7 @@
 """One brgemm per block of output positions over whole patches (csrc/convolution/patch_brgemm.h).
 
 Where the per-tap brgemm path (tap_brgemm.h) would run, and for the few-channel calls it does not
-take (a 3-channel stem), bfloat16 (on AMX) and float32 (oneDNN's kernel, at the AVX512 level)
+take (a 3-channel stem), bfloat16 (on AMX) and float32 (oneDNN's kernel, at the AVX2 and AVX512 levels)
 convolutions with at least 16 output channels per group and a kernel larger than 1x1 stage the
 input once with the channels innermost and reduce each output over its whole patch: in place on
 the staged rows where every tap steps by 1 (a stride-1 conv2d, a transposed conv's phases), through
@@ -18,7 +18,7 @@ a copied patch elsewhere (strides, dilation). Here:
 - determinism: the same bits on every call, for every thread count, and per image as if alone;
 - FUEL_PATCH=0 (read per call) and a staging copy past its budget hand the call to the other paths.
 
-On a CPU without AMX (or below the AVX512 level for float32) the same tests check the same claims on
+On a CPU without AMX (or at the DEFAULT level for float32) the same tests check the same claims on
 whichever path serves the call.
 """
 from __future__ import annotations

@@ -5,7 +5,7 @@ input and 16 output channels per group run on the tile unit. The tile unit treat
 as zero and flushes subnormal results, so the path is taken only for images whose operands keep
 every partial sum normal (the exponent rule in tap_brgemm.h); the others go to the chassis. float32
 convolutions of the same channel counts run on oneDNN's kernel where fuel_torch.float_brgemm() is on
-(at the AVX512 level). Here:
+(at the AVX2 and AVX512 levels). Here:
 
 - values against the float64 reference with the contract's claim of each dtype (test_convolution's
   check_values), over geometries that reach every part of the path: stride and dilation (residue

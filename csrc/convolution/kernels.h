@@ -24,7 +24,7 @@ void convolve_wide(const Problem& p, const scalar_t* x, const Layout& xl, const 
   using acc_t = acc_type<scalar_t>;
   constexpr int64_t L = kWideLanes<acc_t>;
   const int64_t row_len = (p.Kw + L - 1) / L * L;
-  if constexpr (kWideBrgemmDtype<scalar_t>) {
+  if constexpr (kBrgemmDtype<scalar_t>) {
     if (wide_brgemm_serves<scalar_t>(p, o)) return convolve_wide_brgemm<scalar_t>(p, x, xl, o, bias, out, ol);
   }
   const scalar_t* w = static_cast<const scalar_t*>(o.weight);
@@ -64,8 +64,8 @@ void convolve_on_chassis(const Problem& p, const scalar_t* x, const Layout& xl, 
 template <typename scalar_t>
 void convolve_general(const Problem& p, const scalar_t* x, const Layout& xl, const ConvOperands& o,
                       const scalar_t* bias, scalar_t* out, const Layout& ol) {
-#if defined(CPU_CAPABILITY_AVX512)
-  if constexpr (std::is_same_v<scalar_t, at::BFloat16> || std::is_same_v<scalar_t, float>) {
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+  if constexpr (kBrgemmDtype<scalar_t>) {
     const Axis ax_h = make_axis(p, 0), ax_w = make_axis(p, 1);
     std::vector<char> done;
     if (std::optional<PatchPlan> plan = patch_plan<scalar_t>(p, ax_h, ax_w)) {
@@ -88,7 +88,7 @@ void convolve_general(const Problem& p, const scalar_t* x, const Layout& xl, con
 
 template <typename scalar_t>
 bool wide_brgemm_if_served(const Problem& p, const ConvOperands& o) {
-  if constexpr (kWideBrgemmDtype<scalar_t>) {
+  if constexpr (kBrgemmDtype<scalar_t>) {
     if (p.N == 0 || p.Cout == 0 || p.Ho == 0 || p.Wo == 0 || is_depthwise(p) || !is_wide_kernel<float>(p) ||
         !wide_brgemm_serves<scalar_t>(p, o)) {
       return false;

@@ -1,6 +1,6 @@
 // One brgemm per block of output positions over each position's whole receptive field (its patch,
 // an im2col row), through torch's brgemm (ATen/native/CPUBlas.h): bfloat16 on the AMX tile unit,
-// float32 on oneDNN's AVX-512 kernel.
+// float32 on the kernel oneDNN generates for the CPU (AVX2 or AVX-512).
 //
 // tap_brgemm.h reduces over one tap's channels per brgemm and adds the taps in C. Where a group has
 // few channels (a 3-channel stem, 16-channel groups) or the taps are spread (dilation), each of
@@ -43,7 +43,7 @@ bool patch_brgemm_allowed();
 
 namespace CPU_CAPABILITY {
 
-#if defined(CPU_CAPABILITY_AVX512)
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
 
 constexpr int64_t kPatchRows = 64;      // positions per task (copied patches): brgemm's M
 constexpr int64_t kPatchChannels = 64;  // output channels per brgemm: its N
@@ -188,11 +188,25 @@ std::optional<PatchPlan> patch_plan(const Problem& p, const Axis& ax_h, const Ax
 // hundred (a stem's row of taps is 56 bytes).
 inline void copy_bytes(const char* src, char* dst, int64_t n) {
   int64_t i = 0;
+#if defined(CPU_CAPABILITY_AVX512)
   for (; i + 64 <= n; i += 64) _mm512_storeu_si512(dst + i, _mm512_loadu_si512(src + i));
   if (i < n) {
     const __mmask64 lanes = ~uint64_t(0) >> (64 - (n - i));
     _mm512_mask_storeu_epi8(dst + i, lanes, _mm512_maskz_loadu_epi8(lanes, src + i));
   }
+#else
+  // AVX2 has no byte masks; its runs are of float32, whole 4-byte lanes.
+  for (; i + 32 <= n; i += 32) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
+  }
+  if (const int64_t lanes = (n - i) / 4; lanes > 0) {
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(int(lanes)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    _mm256_maskstore_epi32(reinterpret_cast<int*>(dst + i), mask,
+                           _mm256_maskload_epi32(reinterpret_cast<const int*>(src + i), mask));
+    i += lanes * 4;
+  }
+  if (i < n) std::memcpy(dst + i, src + i, n - i);
+#endif
 }
 
 // One staged row: row i of image n's group g, channels innermost.
@@ -200,9 +214,15 @@ template <typename scalar_t>
 void stage_row(const Problem& p, const PatchStaging& st, const scalar_t* x, const Layout& xl, int64_t n, int64_t g,
                int64_t i, scalar_t* row) {
   const int64_t Cin_g = p.Cin / p.groups, ih = i + st.min_h;
-  std::memset(static_cast<void*>(row), 0, st.Ws * st.Cp * sizeof(scalar_t));
-  if (ih < 0 || ih >= p.H) return;
+  if (ih < 0 || ih >= p.H) {
+    std::memset(static_cast<void*>(row), 0, st.Ws * st.Cp * sizeof(scalar_t));
+    return;
+  }
   const int64_t lo = std::clamp<int64_t>(-st.min_w, 0, st.Ws), hi = std::clamp<int64_t>(p.W - st.min_w, lo, st.Ws);
+  // Only the padding columns and the pad channel need zeros: the rest is written below.
+  std::memset(static_cast<void*>(row), 0, lo * st.Cp * sizeof(scalar_t));
+  std::memset(static_cast<void*>(row + hi * st.Cp), 0, (st.Ws - hi) * st.Cp * sizeof(scalar_t));
+  for (int64_t j = lo; j < hi && st.Cp > Cin_g; ++j) row[j * st.Cp + Cin_g] = scalar_t(0.f);
   const scalar_t* src = x + n * xl.n + g * Cin_g * xl.c + ih * xl.h + st.min_w * xl.w;
   if (xl.c == 1) {  // channels_last: a position's channels are already side by side
     for (int64_t j = lo; j < hi; ++j) {
@@ -278,39 +298,42 @@ std::vector<scalar_t> pack_patch_weights(const Problem& p, std::vector<PatchPhas
 }
 
 // C's block [rows][cols] (at blk.ldc) into the output: channels_last rows as they are, other
-// layouts through a transposed copy (at blk.rows) so that each channel's positions are one run.
+// layouts turned round 16 positions at a time so that each channel's positions are one run.
 // Positions m0 + m are grid positions jh * pitch + jw; those with jw >= pw.count are dropped.
+// float32 16 positions of one output row, at unit column steps, go straight from the transposes to
+// the output (a 16 x 16 tile per 16 channels); the rest go through `turned` ([cols][16]).
 template <typename scalar_t>
 void store_patch_block(const float* c, float* turned, const PatchBlock& blk, int64_t rows, int64_t cols, int64_t m0,
                        int64_t pitch, const Phase& ph, const Phase& pw, const Axis& ax_h, const Axis& ax_w,
                        scalar_t* out_nc, const Layout& ol) {
-  auto position = [&](int64_t m) {
+  auto output_at = [&](int64_t m) {
     const int64_t jh = (m0 + m) / pitch, jw = (m0 + m) % pitch;
-    return std::pair<int64_t, int64_t>{jh, jw};
+    return std::pair<int64_t, scalar_t*>{jw, out_nc + (ph.r + ax_h.out_step * jh) * ol.h + (pw.r + ax_w.out_step * jw) * ol.w};
   };
   if (ol.c == 1) {
     for (int64_t m = 0; m < rows; ++m) {
-      const auto [jh, jw] = position(m);
-      if (jw >= pw.count) continue;
-      narrow<scalar_t>(c + m * blk.ldc,
-                       out_nc + (ph.r + ax_h.out_step * jh) * ol.h + (pw.r + ax_w.out_step * jw) * ol.w, cols);
+      const auto [jw, dst] = output_at(m);
+      if (jw < pw.count) narrow<scalar_t>(c + m * blk.ldc, dst, cols);
     }
     return;
   }
-  for (int64_t m = 0; m < rows; m += 16) {
-    for (int64_t co = 0; co < cols; co += 16) {
-      transpose_tile(c + m * blk.ldc + co, blk.ldc, turned + co * blk.rows + m, blk.rows);
-    }
-  }
   const int64_t step = ax_w.out_step * ol.w;
-  for (int64_t m = 0; m < rows;) {
-    const auto [jh, jw] = position(m);
-    const int64_t span = std::min(rows - m, pitch - jw), count = std::max<int64_t>(0, std::min(span, pw.count - jw));
-    scalar_t* dst = out_nc + (ph.r + ax_h.out_step * jh) * ol.h + (pw.r + ax_w.out_step * jw) * ol.w;
-    for (int64_t co = 0; count > 0 && co < cols; ++co) {
-      store_row<scalar_t>(turned + co * blk.rows + m, dst + co * ol.c, step, count);
+  const bool direct = std::is_same_v<scalar_t, float> && step == 1 && cols % 16 == 0;
+  for (int64_t m = 0; m < rows; m += 16) {
+    const int64_t segment = std::min<int64_t>(16, rows - m);
+    if (const auto [jw, dst] = output_at(m); direct && segment == 16 && jw + 16 <= pw.count) {
+      for (int64_t co = 0; co < cols; co += 16) {
+        transpose_tile(c + m * blk.ldc + co, blk.ldc, reinterpret_cast<float*>(dst) + co * ol.c, ol.c);
+      }
+      continue;
     }
-    m += span;
+    for (int64_t co = 0; co < cols; co += 16) transpose_tile(c + m * blk.ldc + co, blk.ldc, turned + co * 16, int64_t(16));
+    for (int64_t s = 0; s < segment;) {
+      const auto [jw, dst] = output_at(m + s);
+      const int64_t span = std::min(segment - s, pitch - jw), count = std::max<int64_t>(0, std::min(span, pw.count - jw));
+      for (int64_t co = 0; count > 0 && co < cols; ++co) store_row<scalar_t>(turned + co * 16 + s, dst + co * ol.c, step, count);
+      s += span;
+    }
   }
 }
 

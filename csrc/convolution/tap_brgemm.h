@@ -65,7 +65,17 @@ inline T* reused_planes(int64_t count) {
   return kept.get();
 }
 
+// The dtypes the brgemm paths take at this level: float32 (oneDNN's kernel) at AVX2 and AVX512,
+// bfloat16 (AMX) at AVX512. The exponent scans below have AVX-512 bodies and portable ones, so
+// that AVX2 builds them too.
+template <typename scalar_t>
+constexpr bool kBrgemmDtype = std::is_same_v<scalar_t, float>
 #if defined(CPU_CAPABILITY_AVX512)
+                              || std::is_same_v<scalar_t, at::BFloat16>
+#endif
+    ;
+
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
 
 constexpr int64_t kPositions = 128;         // grid positions per task: one brgemm's N
 constexpr int64_t kAmxChannelChunk = 64;   // output channels per task: one brgemm's M
@@ -90,6 +100,9 @@ inline void scan_exponents(const at::BFloat16* src, int64_t n, int64_t stride, i
 
 // scan_exponents for a dense run, 32 values to an instruction group.
 inline void fold_exponents(const uint16_t* bits, int64_t n, int& emin, bool& subnormal) {
+#if !defined(CPU_CAPABILITY_AVX512)
+  return scan_exponents(reinterpret_cast<const at::BFloat16*>(bits), n, 1, emin, subnormal);
+#else
   const __m512i magnitude = _mm512_set1_epi16(0x7fff), exponent = _mm512_set1_epi16(0xff);
   __m512i e_low = _mm512_set1_epi16(kSmallestEx);
   __mmask32 any_sub = 0;
@@ -105,6 +118,7 @@ inline void fold_exponents(const uint16_t* bits, int64_t n, int& emin, bool& sub
   _mm512_store_si512(lanes_low, e_low);
   for (uint16_t l : lanes_low) emin = std::min<int>(emin, l);
   subnormal = subnormal || any_sub != 0;
+#endif
 }
 
 // Per image, the smallest biased exponent of its nonzero elements and whether any is subnormal,
@@ -147,12 +161,15 @@ inline PairPlanes pair_planes(const Problem& p, const PaddedPlanes& pl) {
 // pairs to an instruction group, its tail under a mask; the rest one by one.
 inline void interleave_row(const uint16_t* s0, const uint16_t* s1, int64_t step, int64_t n, uint32_t* dst, int& emin,
                            bool& subnormal) {
+#if defined(CPU_CAPABILITY_AVX512)
   if (step != 1) {
+#endif
     for (int64_t j = 0; j < n; ++j) {
       const uint16_t a = s0[j * step], b = s1 ? s1[j * step] : 0;
       dst[j] = uint32_t(a) | (uint32_t(b) << 16);
       scan_exponents(reinterpret_cast<const at::BFloat16*>(dst + j), 2, 1, emin, subnormal);
     }
+#if defined(CPU_CAPABILITY_AVX512)
     return;
   }
   const __m512i mantissa = _mm512_set1_epi32(0x7fff), exponent = _mm512_set1_epi32(0xff);
@@ -172,6 +189,7 @@ inline void interleave_row(const uint16_t* s0, const uint16_t* s1, int64_t step,
   }
   emin = _mm512_reduce_min_epi32(low);
   subnormal = subnormal || sub != 0;
+#endif
 }
 
 // Fills the pair planes of every image and records, per image, the smallest biased exponent of its
@@ -271,12 +289,12 @@ TapWeights<T> pack_tap_weights(const Problem& p, const Axis& ax_h, const Axis& a
 // dtype: bfloat16 where AMX is on, float32 where brgemm reaches oneDNN.
 template <typename scalar_t>
 bool brgemm_dtype_enabled() {
-  if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
-    return amx_convolution_enabled();
-  } else if constexpr (std::is_same_v<scalar_t, float>) {
-    return float_brgemm_enabled();
-  } else {
+  if constexpr (!kBrgemmDtype<scalar_t>) {
     return false;
+  } else if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
+    return amx_convolution_enabled();
+  } else {
+    return float_brgemm_enabled();
   }
 }
 

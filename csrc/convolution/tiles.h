@@ -54,6 +54,40 @@ inline void transpose_tile(const scalar_t* src, int64_t lds, scalar_t* dst, int6
     }
   }
 }
+#elif defined(CPU_CAPABILITY_AVX2)
+// An 8 x 8 transpose of floats in registers.
+inline void transpose8(__m256 r[8]) {
+  __m256 t[8], s[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    s[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+    s[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+    s[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    s[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+  }
+  for (int i = 0; i < 4; ++i) {  // 128-bit halves: row i takes the low halves of s[i] and s[i + 4]
+    r[i] = _mm256_permute2f128_ps(s[i], s[i + 4], 0x20);
+    r[i + 4] = _mm256_permute2f128_ps(s[i], s[i + 4], 0x31);
+  }
+}
+
+// dst[j * ldd + i] = src[i * lds + j] for a 16 x 16 tile of float, as four 8 x 8 transposes (the
+// float32 brgemm paths; bfloat16 takes them only at AVX512, where AMX can serve it).
+template <typename scalar_t>
+inline void transpose_tile(const scalar_t* src, int64_t lds, scalar_t* dst, int64_t ldd) {
+  static_assert(std::is_same_v<scalar_t, float>, "below AVX512 the brgemm paths take float32 only");
+  for (int bi = 0; bi < 16; bi += 8) {
+    for (int bj = 0; bj < 16; bj += 8) {
+      __m256 r[8];
+      for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + (bi + i) * lds + bj);
+      transpose8(r);
+      for (int j = 0; j < 8; ++j) _mm256_storeu_ps(dst + (bj + j) * ldd + bi, r[j]);
+    }
+  }
+}
 #endif
 
 }  // namespace CPU_CAPABILITY

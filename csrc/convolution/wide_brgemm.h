@@ -38,14 +38,6 @@ namespace fuel {
 
 namespace CPU_CAPABILITY {
 
-// The dtypes this path takes at this level: float32 (oneDNN's kernel), and at AVX512 bfloat16 (AMX).
-template <typename scalar_t>
-constexpr bool kWideBrgemmDtype = std::is_same_v<scalar_t, float>
-#if defined(CPU_CAPABILITY_AVX512)
-                                  || std::is_same_v<scalar_t, at::BFloat16>
-#endif
-    ;
-
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
 
 namespace wide_brgemm_detail {
@@ -182,7 +174,7 @@ template <typename scalar_t>
 bool wide_brgemm_serves(const Problem& p, const ConvOperands& o) {
   using namespace wide_brgemm_detail;
   constexpr bool is_float = std::is_same_v<scalar_t, float>;
-  static_assert(kWideBrgemmDtype<scalar_t>);
+  static_assert(kBrgemmDtype<scalar_t>);
   if (p.transpose || p.groups != 1 || p.dilation[0] != 1 || p.dilation[1] != 1 || p.N < 16 || p.Cout < 16) {
     return false;
   }
