@@ -361,7 +361,25 @@ std::vector<char> stage_patch_images(const Problem& p, const PatchStaging& st, c
   return done;
 }
 
-// A = the patches of grid positions [m0, m0 + rows) of one phase, one row of K elements each.
+// Elements of slack past the staged images and past A: at least the 32 bytes copy_patches may
+// read and write past a run.
+constexpr int64_t kRunSlack = 32;
+
+// A run copied in whole 32-byte moves, up to 32 bytes past its end: AVX2's masked stores are slow
+// on AMD cores (a third of a stem's patch copy), and the bytes past a run land where the next run
+// or the next patch is written after it, or in A's slack.
+inline void copy_run_over(const char* src, char* dst, int64_t n) {
+#if defined(CPU_CAPABILITY_AVX512)
+  copy_bytes(src, dst, n);
+#else
+  for (int64_t i = 0; i < n; i += 32) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
+  }
+#endif
+}
+
+// A = the patches of grid positions [m0, m0 + rows) of one phase, one row of K elements each, in
+// order (copy_run_over's spill is overwritten by what follows it).
 template <typename scalar_t>
 void copy_patches(const PatchPhase& pp, const PatchStaging& st, const Axis& ax_h, const Axis& ax_w, int64_t count_w,
                   const scalar_t* image, int64_t m0, int64_t rows, scalar_t* a) {
@@ -370,8 +388,8 @@ void copy_patches(const PatchPhase& pp, const PatchStaging& st, const Axis& ax_h
     const scalar_t* base = image + (ax_h.in_step * jh * st.Ws + ax_w.in_step * jw) * st.Cp;
     scalar_t* dst = a + m * pp.K;
     for (const PatchRun& run : pp.runs) {
-      copy_bytes(reinterpret_cast<const char*>(base + run.offset), reinterpret_cast<char*>(dst),
-                 run.length * sizeof(scalar_t));
+      copy_run_over(reinterpret_cast<const char*>(base + run.offset), reinterpret_cast<char*>(dst),
+                    run.length * sizeof(scalar_t));
       dst += run.length;
     }
   }
@@ -392,7 +410,7 @@ std::vector<char> convolve_patch_brgemm(const Problem& p, const Axis& ax_h, cons
   const std::vector<scalar_t> packed =
       pack_patch_weights<scalar_t>(p, phases, st, static_cast<const scalar_t*>(o.weight), o.weight_strides);
   const int64_t weights_per_group = static_cast<int64_t>(packed.size()) / G;
-  scalar_t* const staged = reused_planes<scalar_t>(p.N * G * st.image_group);
+  scalar_t* const staged = reused_planes<scalar_t>(p.N * G * st.image_group + kRunSlack);
   const std::vector<char> done = stage_patch_images<scalar_t>(p, st, x, xl, packed, bias, staged);
   if (std::find(done.begin(), done.end(), 1) == done.end()) return done;
 
@@ -411,7 +429,7 @@ std::vector<char> convolve_patch_brgemm(const Problem& p, const Axis& ax_h, cons
   for (int64_t c = 0; bias && c < p.Cout; ++c) bias_f[c] = static_cast<float>(bias[c]);
 
   at::parallel_for(0, p.N * G * n_ph * n_pw * blocks, 1, [&](int64_t first_task, int64_t last_task) {
-    const auto a = scratch<scalar_t>(in_place ? 0 : kPatchRows * max_K);
+    const auto a = scratch<scalar_t>(in_place ? 0 : kPatchRows * max_K + kRunSlack);
     // Zeroed once: the transposes read whole 16 x 16 tiles of C past a short block's rows.
     std::vector<float> c(kPatchBlock, 0.f), turned(kPatchBlock);
 
