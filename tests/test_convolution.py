@@ -450,6 +450,26 @@ def test_each_image_is_computed_as_if_alone(shape, dtype):
         assert reference.bit_equal(whole[i:i + 1], fuel_torch.conv2d(x[i:i + 1].clone(), weight, bias)), i
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("width", [16, 21], ids=["whole-vectors", "partial-vector"])
+@pytest.mark.parametrize("kernel", [3, 5])
+def test_depthwise_rows_in_pairs_match_single_rows(kernel, width, dtype):
+    """The depthwise kernel computes output rows in pairs where each steps one input row (3x3 and 5x5,
+    stride and dilation 1 down the columns), an odd last row alone; a pair runs each row's taps in
+    the single row's order, so a row has the same bits in either place. Dropping the input's first
+    row (no padding) moves every output row to the other place in its pair, and the last one out of
+    any pair. Widths of whole vectors write rows in place, others go through a buffer."""
+    generator = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 3, 13, width, generator=generator).to(dtype)
+    weight = torch.randn(6, 1, kernel, kernel, generator=generator).to(dtype)
+    bias = torch.randn(6, generator=generator).to(dtype)
+    whole = fuel_torch.conv2d(x, weight, bias, padding=(0, 1), groups=3)
+    shifted = fuel_torch.conv2d(x[:, :, 1:].contiguous(), weight, bias, padding=(0, 1), groups=3)
+    assert whole.shape[2] % 2 == 1 and shifted.shape[2] % 2 == 0
+    assert reference.bit_equal(whole[:, :, 1:], shifted)
+    check_values("conv2d", whole, x, weight, bias, dict(padding=(0, 1), groups=3))
+
+
 # ---------------------------------------------------------------------------------------------
 # Shapes, out=, layout policy, meta and symbolic shapes
 

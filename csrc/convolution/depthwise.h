@@ -21,23 +21,23 @@ template <typename scalar_t, typename acc_t>
 void widen_lines(const scalar_t* plane, const Layout& xl, const Problem& p, int64_t ih0, int64_t rows, int64_t len,
                  acc_t* lines) {
   const int64_t sw = p.stride[1], pw = p.padding[1];
-  std::vector<acc_t> row_buffer;
-  for (int64_t row = 0; row < rows; ++row) {
-    const int64_t ih = ih0 + row;
-    acc_t* first = lines + row * sw * len;
-    if (ih < 0 || ih >= p.H) {
-      zero(first, sw * len);
-      continue;
-    }
-    const scalar_t* src = plane + ih * xl.h;
-    for (int64_t r = 0; r < sw; ++r) {
-      acc_t* line = first + r * len;
-      // j reads column sw * j + r - pw, inside [0, W) for j in [lo, hi). The last such column's
-      // numerator is negative where W = 0 or r > W - 1 + pw: then there is none (a truncating
-      // division would have let j = 0 read column r - pw of an empty row).
-      const int64_t lo = std::clamp<int64_t>((pw - r + sw - 1) / sw, 0, len);
-      const int64_t last = p.W - 1 + pw - r;
-      const int64_t hi = last < 0 ? lo : std::clamp<int64_t>(last / sw + 1, lo, len);
+  // Phase by phase, so that each phase's column range is worked out once per task (its divisions
+  // cost about what copying a row does).
+  for (int64_t r = 0; r < sw; ++r) {
+    // j reads column sw * j + r - pw, inside [0, W) for j in [lo, hi). The last such column's
+    // numerator is negative where W = 0 or r > W - 1 + pw: then there is none (a truncating
+    // division would have let j = 0 read column r - pw of an empty row).
+    const int64_t lo = std::clamp<int64_t>((pw - r + sw - 1) / sw, 0, len);
+    const int64_t last = p.W - 1 + pw - r;
+    const int64_t hi = last < 0 ? lo : std::clamp<int64_t>(last / sw + 1, lo, len);
+    for (int64_t row = 0; row < rows; ++row) {
+      const int64_t ih = ih0 + row;
+      acc_t* line = lines + (row * sw + r) * len;
+      if (ih < 0 || ih >= p.H) {
+        zero(line, len);
+        continue;
+      }
+      const scalar_t* src = plane + ih * xl.h;
       zero(line, lo);
       if (sw == 1 && xl.w == 1) {
         widen<scalar_t>(src + lo - pw, line + lo, hi - lo);
@@ -91,6 +91,39 @@ inline void row_vectors(const acc_t* lines, const int64_t* taps, const Vectorize
   for (int v = 0; v < NV; ++v) total[v].store(result + v * V);
 }
 
+// Two output rows, NV vectors of each from column ow0, for a kKh x kKw kernel whose rows step one
+// input row per output row (stride and dilation 1 down the columns): the lower row's tap (kh, kw)
+// reads the upper row's tap (kh + 1, kw), so each input vector is loaded once for both rows'
+// chains. Loads, not multiply-adds, bound the single-row loop (a 3x3 row loads 9 vectors per output
+// vector, a third of them across a cache line); a pair loads 12 for two. Each row's chain runs its
+// taps in the order row_vectors does (one block: kKh * kKw <= kBlock), so the bits are the same.
+template <typename acc_t, int NV, int kKh, int kKw>
+inline void row_pair_vectors(const acc_t* lines, const int64_t* taps, int64_t row_step, const Vectorized<acc_t>* w,
+                             acc_t bias, int64_t ow0, acc_t* upper, acc_t* lower) {
+  static_assert(kKh * kKw <= kBlock);
+  using Vec = Vectorized<acc_t>;
+  constexpr int64_t V = Vec::size();
+  Vec top[NV], bottom[NV];
+  for (int v = 0; v < NV; ++v) top[v] = bottom[v] = Vec(bias);
+#pragma GCC unroll 8
+  for (int r = 0; r <= kKh; ++r) {
+#pragma GCC unroll 8
+    for (int kw = 0; kw < kKw; ++kw) {
+      const int64_t offset = r < kKh ? taps[r * kKw + kw] : taps[(kKh - 1) * kKw + kw] + row_step;
+      const acc_t* run = lines + offset + ow0;
+      for (int v = 0; v < NV; ++v) {
+        const Vec in = Vec::loadu(run + v * V);
+        if (r < kKh) top[v] = at::vec::fmadd(w[r * kKw + kw], in, top[v]);
+        if (r > 0) bottom[v] = at::vec::fmadd(w[(r - 1) * kKw + kw], in, bottom[v]);
+      }
+    }
+  }
+  for (int v = 0; v < NV; ++v) {
+    (Vec(acc_t(0)) + top[v]).store(upper + v * V);
+    (Vec(acc_t(0)) + bottom[v]).store(lower + v * V);
+  }
+}
+
 // f(std::integral_constant<int, count>) for a count in [1, N], chosen at run time.
 template <int N, typename F>
 inline void with_count(int64_t count, F&& f) {
@@ -115,6 +148,23 @@ inline void output_row(const acc_t* row_lines, const int64_t* taps, const Vector
   }
   with_count<kChains - 1>((Wv - ow) / V, [&](auto chains) {
     row_vectors<acc_t, decltype(chains)::value, kTaps>(row_lines, taps, w, n_taps, bias, ow, row + ow);
+  });
+}
+
+// Two output rows of a task as pairs (row_pair_vectors), up to kPairChains vectors of each at a
+// time: twice that many chains, what the single row keeps in flight, within the 16 vector registers.
+constexpr int kPairChains = 4;
+template <typename acc_t, int kKh, int kKw>
+inline void output_row_pair(const acc_t* row_lines, const int64_t* taps, int64_t row_step,
+                            const Vectorized<acc_t>* w, acc_t bias, int64_t Wv, acc_t* upper, acc_t* lower) {
+  constexpr int64_t V = Vectorized<acc_t>::size();
+  int64_t ow = 0;
+  for (; ow + kPairChains * V <= Wv; ow += kPairChains * V) {
+    row_pair_vectors<acc_t, kPairChains, kKh, kKw>(row_lines, taps, row_step, w, bias, ow, upper + ow, lower + ow);
+  }
+  with_count<kPairChains - 1>((Wv - ow) / V, [&](auto chains) {
+    row_pair_vectors<acc_t, decltype(chains)::value, kKh, kKw>(row_lines, taps, row_step, w, bias, ow, upper + ow,
+                                                               lower + ow);
   });
 }
 
@@ -182,11 +232,15 @@ void convolve_depthwise(const Problem& p, const scalar_t* x, const Layout& xl, c
     const scalar_t* plane = x + n * xl.n + co / per_group * xl.c;
     return {reinterpret_cast<const char*>(plane + ih0 * xl.h), reinterpret_cast<const char*>(plane + ih1 * xl.h)};
   };
-  const auto run_tasks = [&](auto fixed_taps) {
-    constexpr int kTaps = decltype(fixed_taps)::value;
+  // fixed_taps: kTaps > 0 unrolls the chains (see row_vectors); fixed_rows: kKh > 0 (the kernel is
+  // kKh x kTaps / kKh) lets rows go in pairs where they step one input row each.
+  const auto run_tasks = [&](auto fixed_taps, auto fixed_rows) {
+    constexpr int kTaps = decltype(fixed_taps)::value, kKh = decltype(fixed_rows)::value;
+    constexpr int kKw = kKh > 0 ? kTaps / kKh : 0;
+    const bool in_pairs = kKh > 0 && sh == 1 && p.dilation[0] == 1;
     at::parallel_for(0, tasks, std::max<int64_t>(1, (1 << 16) / work), [&](int64_t first, int64_t last) {
       using Vec = Vectorized<acc_t>;
-      std::vector<acc_t> lines, result(Wv);
+      std::vector<acc_t> lines, result(2 * Wv);
       std::vector<Vec> weights(n_taps);
       NextInput prefetch;
       for (int64_t task = first; task < last; ++task) {
@@ -203,25 +257,44 @@ void convolve_depthwise(const Problem& p, const scalar_t* x, const Layout& xl, c
         }
         const acc_t b = bias ? static_cast<acc_t>(bias[co]) : acc_t(0);
         scalar_t* plane = out + n * ol.n + co * ol.c;
-        for (int64_t oh = oh0; oh < oh1; ++oh) {
-          const acc_t* row_lines = lines.data() + (oh - oh0) * row_step;
-          prefetch.step();
-          if (rows_in_place) {
-            // Only taken where scalar_t is acc_t; the cast keeps the other instantiations compiling.
-            acc_t* row = reinterpret_cast<acc_t*>(plane + oh * ol.h);
-            output_row<acc_t, kTaps>(row_lines, taps.data(), weights.data(), n_taps, b, Wv, row);
-          } else {
-            output_row<acc_t, kTaps>(row_lines, taps.data(), weights.data(), n_taps, b, Wv, result.data());
-            store_row<scalar_t>(result.data(), plane + oh * ol.h, ol.w, p.Wo);
+        // Output row oh's accumulators: the row itself where it is written in place (only taken
+        // where scalar_t is acc_t; the cast keeps the other instantiations compiling), else
+        // `result` (its `slot`-th row), stored by finish().
+        const auto row_at = [&](int64_t oh, int64_t slot) {
+          return rows_in_place ? reinterpret_cast<acc_t*>(plane + oh * ol.h) : result.data() + slot * Wv;
+        };
+        const auto finish = [&](int64_t oh, int64_t slot) {
+          if (!rows_in_place) store_row<scalar_t>(result.data() + slot * Wv, plane + oh * ol.h, ol.w, p.Wo);
+        };
+        int64_t oh = oh0;
+        if constexpr (kKh > 0) {
+          for (; in_pairs && oh + 1 < oh1; oh += 2) {
+            prefetch.step();
+            prefetch.step();
+            output_row_pair<acc_t, kKh, kKw>(lines.data() + (oh - oh0) * row_step, taps.data(), row_step,
+                                             weights.data(), b, Wv, row_at(oh, 0), row_at(oh + 1, 1));
+            finish(oh, 0);
+            finish(oh + 1, 1);
           }
+        }
+        for (; oh < oh1; ++oh) {
+          prefetch.step();
+          output_row<acc_t, kTaps>(lines.data() + (oh - oh0) * row_step, taps.data(), weights.data(), n_taps, b, Wv,
+                                   row_at(oh, 0));
+          finish(oh, 0);
         }
       }
     });
   };
+  using std::integral_constant;
   switch (n_taps) {
-    case 9: return run_tasks(std::integral_constant<int, 9>{});
-    case 25: return run_tasks(std::integral_constant<int, 25>{});
-    default: return run_tasks(std::integral_constant<int, 0>{});
+    case 9:
+      return p.Kh == 3 ? run_tasks(integral_constant<int, 9>{}, integral_constant<int, 3>{})
+                       : run_tasks(integral_constant<int, 9>{}, integral_constant<int, 0>{});
+    case 25:
+      return p.Kh == 5 ? run_tasks(integral_constant<int, 25>{}, integral_constant<int, 5>{})
+                       : run_tasks(integral_constant<int, 25>{}, integral_constant<int, 0>{});
+    default: return run_tasks(integral_constant<int, 0>{}, integral_constant<int, 0>{});
   }
 }
 
