@@ -92,6 +92,32 @@ def test_channels_last_weight_gives_the_same_bits(dtype):
     assert reference.bit_equal(ours.contiguous(), fuel_torch.conv2d(x, w, b, padding=1))
 
 
+# Transposed convs of stride 2 along the rows: float32 NCHW outputs store the two column phases
+# together (whole 16-position segments interleaved, the rest phase by phase).
+COLUMN_PAIR_CASES = [
+    ("conv_transpose2d", 2, 32, 24, 1, (4, 4), (5, 20), {"stride": 2, "padding": 1}, True),  # 40 columns
+    ("conv_transpose2d", 1, 16, 40, 1, (3, 3), (6, 19), {"stride": 2, "padding": 1}, True),  # phases of 19, 18
+    ("conv_transpose2d", 1, 32, 80, 2, (4, 4), (4, 35), {"stride": 2, "padding": 1, "groups": 2}, False),
+    ("conv_transpose2d", 1, 24, 72, 1, (2, 2), (3, 40), {"stride": (1, 2)}, True),  # one row phase, 72 channels
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("case", COLUMN_PAIR_CASES, ids=lambda c: f"{c[2]}x{c[3]}-g{c[4]}-{c[5]}-{c[6]}")
+def test_column_phases_stored_together_give_the_bits_stored_apart(case, dtype):
+    """A channels_last output takes C's rows as they are, phase by phase; an NCHW one (float32)
+    interleaves the two column phases. Both store the same C, so the bits are equal."""
+    op, n, cin, cout, groups, kernel, spatial, geometry, bias = case
+    x, w, b = operands(op, n, cin, cout, groups, kernel, spatial, bias, dtype, torch.Generator().manual_seed(cin))
+    before = patch_images()
+    nchw = API[op](x, w, b, **geometry)
+    nhwc = API[op](x.contiguous(memory_format=torch.channels_last), w, b, **geometry)
+    assert patch_images() - before == (2 * n if brgemm_serves(dtype) else 0)
+    assert nhwc.is_contiguous(memory_format=torch.channels_last)
+    assert reference.bit_equal(nchw, nhwc.contiguous())
+    check_values(op, nchw, x, w, b, geometry)
+
+
 STEM = {"stride": 2, "padding": 3}
 
 

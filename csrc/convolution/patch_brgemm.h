@@ -29,6 +29,7 @@
 
 #include <cstring>
 #include <optional>
+#include <tuple>
 
 #include "axes.h"
 #include "kernel_common.h"
@@ -337,6 +338,74 @@ void store_patch_block(const float* c, float* turned, const PatchBlock& blk, int
   }
 }
 
+// A transposed conv's two column phases (stride 2 along the row, residues 0 and 1), in place, of an
+// NCHW float32 output: a task computes both phases' C for the same grid positions, and 16 positions
+// of one output row from each are 32 adjacent columns, written as whole vectors. Stored phase by
+// phase, each writes every other column one element at a time (a fifth of a k4/s2 upsampling's
+// time on a Zen 3). Returns the indices of the residue-0 and residue-1 phases where that holds.
+template <typename scalar_t>
+std::optional<std::pair<int64_t, int64_t>> paired_column_phases(const Axis& ax_w, bool in_place, const Layout& ol) {
+  if (!std::is_same_v<scalar_t, float> || !in_place || ol.w != 1 || ax_w.out_step != 2 || ax_w.phases.size() != 2) {
+    return std::nullopt;
+  }
+  const int64_t even = ax_w.phases[0].r == 0 ? 0 : 1;
+  if (ax_w.phases[even].r != 0 || ax_w.phases[1 - even].r != 1) return std::nullopt;
+  return std::pair<int64_t, int64_t>{even, 1 - even};
+}
+
+// dst[2t] = even[t], dst[2t + 1] = odd[t]: one output row's columns from its two column phases.
+inline void interleave_columns(const float* even, const float* odd, int64_t pairs, int64_t evens, int64_t odds,
+                               float* dst) {
+  using Vec = Vectorized<float>;
+  constexpr int64_t V = Vec::size();
+  int64_t t = 0;
+  for (; t + V <= pairs; t += V) {
+    const auto [lo, hi] = at::vec::interleave2<float>(Vec::loadu(even + t), Vec::loadu(odd + t));
+    lo.store(dst + 2 * t);
+    hi.store(dst + 2 * t + V);
+  }
+  for (int64_t e = t; e < evens; ++e) dst[2 * e] = even[e];
+  for (int64_t o = t; o < odds; ++o) dst[2 * o + 1] = odd[o];
+}
+
+// The two column phases' C blocks (the same grid positions, `pitch` apart per grid row) into the
+// output: each 16-position segment of both turned round, then each output row's piece of it
+// written as interleaved vectors. A segment the phases do not share (the last block of phases of
+// different lengths) goes phase by phase (store_patch_block).
+inline void store_column_pair(const float* c_even, const float* c_odd, float* turned, const PatchBlock& blk,
+                              int64_t rows_even, int64_t rows_odd, int64_t cols, int64_t m0, int64_t pitch,
+                              const Phase& ph, const Phase& pw_even, const Phase& pw_odd, const Axis& ax_h,
+                              const Axis& ax_w, float* out_nc, const Layout& ol) {
+  float* const turned_odd = turned + 16 * 16;
+  for (int64_t m = 0; m < std::max(rows_even, rows_odd); m += 16) {
+    const int64_t segment = std::clamp<int64_t>(rows_even - m, 0, 16);
+    if (segment != std::clamp<int64_t>(rows_odd - m, 0, 16)) {
+      for (const auto& [c, rows, pw] : {std::tuple{c_even, rows_even, &pw_even}, std::tuple{c_odd, rows_odd, &pw_odd}}) {
+        if (rows > m) {
+          store_patch_block<float>(c + m * blk.ldc, turned, blk, std::min<int64_t>(16, rows - m), cols, m0 + m, pitch,
+                                   ph, *pw, ax_h, ax_w, out_nc, ol);
+        }
+      }
+      continue;
+    }
+    for (int64_t co = 0; co < cols; co += 16) {
+      transpose_tile(c_even + m * blk.ldc + co, blk.ldc, turned, int64_t(16));
+      transpose_tile(c_odd + m * blk.ldc + co, blk.ldc, turned_odd, int64_t(16));
+      for (int64_t s = 0; s < segment;) {
+        const int64_t jh = (m0 + m + s) / pitch, jw = (m0 + m + s) % pitch, span = std::min(segment - s, pitch - jw);
+        const int64_t evens = std::clamp<int64_t>(pw_even.count - jw, 0, span);
+        const int64_t odds = std::clamp<int64_t>(pw_odd.count - jw, 0, span);
+        float* row = out_nc + (ph.r + ax_h.out_step * jh) * ol.h + 2 * jw;
+        for (int64_t ch = 0; ch < std::min<int64_t>(16, cols - co); ++ch) {
+          interleave_columns(turned + ch * 16 + s, turned_odd + ch * 16 + s, std::min(evens, odds), evens, odds,
+                             row + (co + ch) * ol.c);
+        }
+        s += span;
+      }
+    }
+  }
+}
+
 // Stages every image into `staged` and returns, per image, whether this path computes it: every
 // image for float32; for bfloat16 those whose operands pass the exponent rule (tap_brgemm.h).
 template <typename scalar_t>
@@ -428,47 +497,73 @@ std::vector<char> convolve_patch_brgemm(const Problem& p, const Axis& ax_h, cons
   std::vector<float> bias_f(p.Cout, 0.f);
   for (int64_t c = 0; bias && c < p.Cout; ++c) bias_f[c] = static_cast<float>(bias[c]);
 
-  at::parallel_for(0, p.N * G * n_ph * n_pw * blocks, 1, [&](int64_t first_task, int64_t last_task) {
+  const auto column_pair = paired_column_phases<scalar_t>(ax_w, in_place, ol);
+  const int64_t task_phases_w = column_pair ? 1 : n_pw;  // a task takes both column phases of a pair
+  at::parallel_for(0, p.N * G * n_ph * task_phases_w * blocks, 1, [&](int64_t first_task, int64_t last_task) {
     const auto a = scratch<scalar_t>(in_place ? 0 : kPatchRows * max_K + kRunSlack);
     // Zeroed once: the transposes read whole 16 x 16 tiles of C past a short block's rows.
-    std::vector<float> c(kPatchBlock, 0.f), turned(kPatchBlock);
+    std::vector<float> c(kPatchBlock, 0.f), c_odd(column_pair ? kPatchBlock : 0, 0.f), turned(kPatchBlock);
 
     // C += A[:, 0, K) B[0, K), in chunks of at most kPatchChunk terms: brgemm sums each chunk from
     // zero and adds it to C (bfloat16: chunks of 32 pairs inside the tile unit as well).
-    auto accumulate = [&](int64_t rows, int64_t cols, int64_t K, const scalar_t* a_run, int64_t lda,
+    auto accumulate = [&](float* c_block, int64_t rows, int64_t cols, int64_t K, const scalar_t* a_run, int64_t lda,
                           const scalar_t* b_run, int64_t ldb) {
       const int64_t chunk = paired ? K : kPatchChunk;
       for (int64_t k0 = 0; k0 < K; k0 += chunk) {
         at::native::cpublas::brgemm(rows, cols, std::min(chunk, K - k0), lda, ldb, blk.ldc, true, a_run + k0,
-                                    b_run + k0 * ldb, c.data(), paired);
+                                    b_run + k0 * ldb, c_block, paired);
       }
     };
+    const int64_t pitch_of_in_place = st.Ws;
     for (int64_t task = first_task; task < last_task; ++task) {
-      const auto [n, g, i, j, block, unused] = phase_task(task, G, n_ph, n_pw, blocks, 1);
+      const auto [n, g, i, task_j, block, unused] = phase_task(task, G, n_ph, task_phases_w, blocks, 1);
       if (!done[n]) continue;
-      const Phase &ph = ax_h.phases[i], &pw = ax_w.phases[j];
-      const PatchPhase& pp = phases[i * n_pw + j];
-      const int64_t pitch = in_place ? st.Ws : pw.count;
-      const int64_t m0 = block * blk.rows, rows = std::min(blk.rows, (ph.count - 1) * pitch + pw.count - m0);
-      if (rows <= 0) continue;  // a phase with fewer positions than the largest
+      const Phase& ph = ax_h.phases[i];
+      const int64_t m0 = block * blk.rows;
       const scalar_t* image = staged + (n * G + g) * st.image_group;
-      if (!in_place) copy_patches(pp, st, ax_h, ax_w, pw.count, image, m0, rows, a.get());
-      const scalar_t* b_phase = packed.data() + g * weights_per_group + pp.weight_offset;
-      for (int64_t co0 = 0; co0 < Cout_g; co0 += blk.ldc) {
-        const int64_t cols = std::min(blk.ldc, Cout_g - co0);
+      const int64_t j_first = column_pair ? column_pair->first : task_j;
+      const int64_t j_second = column_pair ? column_pair->second : -1;
+      // Positions of column phase j in this task's block (none: a phase with fewer than the largest).
+      auto rows_of = [&](int64_t j) {
+        if (j < 0) return int64_t(0);
+        const int64_t pitch = in_place ? pitch_of_in_place : ax_w.phases[j].count;
+        return std::max<int64_t>(0, std::min(blk.rows, (ph.count - 1) * pitch + ax_w.phases[j].count - m0));
+      };
+      const int64_t rows_first = rows_of(j_first), rows_second = rows_of(j_second);
+      if (rows_first == 0 && rows_second == 0) continue;
+      if (!in_place) copy_patches(phases[i * n_pw + j_first], st, ax_h, ax_w, ax_w.phases[j_first].count, image, m0,
+                                  rows_first, a.get());
+      // C of column phase j for output channels [co0, co0 + cols): the bias, then the patch.
+      auto compute = [&](int64_t j, int64_t rows, int64_t co0, int64_t cols, float* c_block) {
+        const PatchPhase& pp = phases[i * n_pw + j];
         const float* b0 = bias_f.data() + g * Cout_g + co0;
-        for (int64_t m = 0; m < rows; ++m) copy_run(b0, c.data() + m * blk.ldc, cols);
-        const scalar_t* b_block = b_phase + co0 * (paired ? 2 : 1);
+        for (int64_t m = 0; m < rows; ++m) copy_run(b0, c_block + m * blk.ldc, cols);
+        const scalar_t* b_block = packed.data() + g * weights_per_group + pp.weight_offset + co0 * (paired ? 2 : 1);
         if (in_place) {
           for (size_t r = 0; r < pp.runs.size(); ++r) {
-            accumulate(rows, cols, pp.runs[r].length, image + m0 * st.Cp + pp.runs[r].offset, st.Cp,
+            accumulate(c_block, rows, cols, pp.runs[r].length, image + m0 * st.Cp + pp.runs[r].offset, st.Cp,
                        b_block + pp.run_k[r] * Cout_g, Cout_g);
           }
         } else {
-          accumulate(rows, cols, pp.K, a.get(), pp.K, b_block, Cout_g);
+          accumulate(c_block, rows, cols, pp.K, a.get(), pp.K, b_block, Cout_g);
         }
-        store_patch_block<scalar_t>(c.data(), turned.data(), blk, rows, cols, m0, pitch, ph, pw, ax_h, ax_w,
-                                    out + n * ol.n + (g * Cout_g + co0) * ol.c, ol);
+      };
+      scalar_t* out_group = out + n * ol.n + g * Cout_g * ol.c;
+      for (int64_t co0 = 0; co0 < Cout_g; co0 += blk.ldc) {
+        const int64_t cols = std::min(blk.ldc, Cout_g - co0);
+        if (rows_first > 0) compute(j_first, rows_first, co0, cols, c.data());
+        if (rows_second > 0) compute(j_second, rows_second, co0, cols, c_odd.data());
+        if constexpr (std::is_same_v<scalar_t, float>) {
+          if (column_pair) {
+            store_column_pair(c.data(), c_odd.data(), turned.data(), blk, rows_first, rows_second, cols, m0,
+                              pitch_of_in_place, ph, ax_w.phases[j_first], ax_w.phases[j_second], ax_h, ax_w,
+                              out_group + co0 * ol.c, ol);
+            continue;
+          }
+        }
+        store_patch_block<scalar_t>(c.data(), turned.data(), blk, rows_first, cols, m0,
+                                    in_place ? pitch_of_in_place : ax_w.phases[j_first].count, ph,
+                                    ax_w.phases[j_first], ax_h, ax_w, out_group + co0 * ol.c, ol);
       }
     }
     at::native::cpublas::brgemm_release(paired);
