@@ -458,11 +458,15 @@ struct Rem {
 // lane mask, applied to the stored operands: rhs exactly where lhs is a number and rhs is not
 // <= lhs (>= for minimum). Every lane where b <= a holds has a == a, so the exclusive or of the
 // two masks is that difference, in two comparisons and one logical operation.
+// rhs_beyond is the same choice on integer keys that order the numbers as their values do (see
+// half_take_rhs): rhs strictly larger (smaller).
 struct Maximum {
   template <typename V> static V take_rhs(const V& a, const V& b) { return (a == a) ^ (b <= a); }
+  template <typename VI> static VI rhs_beyond(const VI& key_a, const VI& key_b) { return key_b > key_a; }
 };
 struct Minimum {
   template <typename V> static V take_rhs(const V& a, const V& b) { return (a == a) ^ (b >= a); }
+  template <typename VI> static VI rhs_beyond(const VI& key_a, const VI& key_b) { return key_b < key_a; }
 };
 
 template <typename Op, typename = void> struct is_selection : std::false_type {};
@@ -524,7 +528,6 @@ inline Vectorized<at::BFloat16> narrow_bf16(const Vectorized<float>& lo, const V
   return _mm256_packus_epi32(bf16_bits_of(lo), bf16_bits_of(hi));
 }
 #endif
-constexpr bool kBf16WidensInBlocks = true;
 #else
 inline std::pair<Vectorized<float>, Vectorized<float>> widen(const Vectorized<at::BFloat16>& v) {
   auto [lo, hi] = at::vec::convert_to_float<at::BFloat16>(v);
@@ -533,7 +536,6 @@ inline std::pair<Vectorized<float>, Vectorized<float>> widen(const Vectorized<at
 inline Vectorized<at::BFloat16> narrow_bf16(const Vectorized<float>& lo, const Vectorized<float>& hi) {
   return at::vec::convert_from_float<at::BFloat16>(lo, hi);
 }
-constexpr bool kBf16WidensInBlocks = false;
 #endif
 inline std::pair<Vectorized<float>, Vectorized<float>> widen(const Vectorized<at::Half>& v) {
   auto [lo, hi] = at::vec::convert_to_float<at::Half>(v);
@@ -548,23 +550,34 @@ inline Vectorized<scalar_t> narrow(const Vectorized<float>& lo, const Vectorized
   }
 }
 
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+// Maximum's and minimum's choice (Op::take_rhs) for half lanes, on their bits: a half's sign and
+// magnitude as one two's-complement integer key orders the numbers as their values do, -0 and +0
+// the same key, and a magnitude above infinity's is a NaN. Comparing widened floats took four
+// conversions, four comparisons and a pack per vector, about twice these integer operations, and
+// bound the float16 loop even out of cache (4M elements, 2 threads: 0.9 of torch's time).
+template <typename scalar_t, typename Op>
+inline Vectorized<scalar_t> half_take_rhs(const Vectorized<scalar_t>& a, const Vectorized<scalar_t>& b) {
+#if defined(CPU_CAPABILITY_AVX512)
+  using IntRegister = __m512i;
+#else
+  using IntRegister = __m256i;
+#endif
+  using VI = Vectorized<int16_t>;
+  const VI infinity(std::is_same_v<scalar_t, at::Half> ? 0x7c00 : 0x7f80), magnitude_bits(0x7fff), zero(0);
+  const VI x{IntRegister(a)}, y{IntRegister(b)};
+  const VI magnitude_x = x & magnitude_bits, magnitude_y = y & magnitude_bits;
+  const VI negative_x = x < zero, negative_y = y < zero;  // all ones where the sign bit is set
+  const VI key_x = (magnitude_x ^ negative_x) - negative_x, key_y = (magnitude_y ^ negative_y) - negative_y;
+  const VI nan_x = magnitude_x > infinity, nan_y = magnitude_y > infinity;
+  const VI take = ((nan_y | Op::rhs_beyond(key_x, key_y)) | nan_x) ^ nan_x;  // ... and not nan_x
+  return Vectorized<scalar_t>(IntRegister(take));
+}
+#else
 // Two float lane masks (all ones or zeros per lane) as one mask of 16-bit lanes, in the order
 // widen() took the lanes out.
 template <typename scalar_t>
 inline Vectorized<scalar_t> narrow_mask(const Vectorized<float>& lo, const Vectorized<float>& hi) {
-  constexpr bool in_blocks = std::is_same_v<scalar_t, at::BFloat16> && kBf16WidensInBlocks;
-#if defined(CPU_CAPABILITY_AVX512)
-  // packs works within 128-bit blocks: for lanes taken out in order, lo's and hi's blocks
-  // alternate and are put back in order.
-  const __m512i packed = _mm512_packs_epi32(_mm512_castps_si512(lo), _mm512_castps_si512(hi));
-  if constexpr (in_blocks) return packed;
-  return _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), packed);
-#elif defined(CPU_CAPABILITY_AVX2)
-  const __m256i packed = _mm256_packs_epi32(_mm256_castps_si256(lo), _mm256_castps_si256(hi));
-  if constexpr (in_blocks) return packed;
-  return _mm256_permute4x64_epi64(packed, 0xd8);
-#else
-  static_assert(!in_blocks);
   constexpr int F = Vectorized<float>::size();
   __at_align__ float lanes[2 * F];
   __at_align__ int16_t mask[2 * F];
@@ -576,8 +589,8 @@ inline Vectorized<scalar_t> narrow_mask(const Vectorized<float>& lo, const Vecto
     mask[i] = bits != 0 ? int16_t(-1) : int16_t(0);
   }
   return Vectorized<scalar_t>::loadu(mask);
-#endif
 }
+#endif
 
 // One vector of half operands, loaded widened to float. float16 converts straight from memory,
 // half a vector at a time (F16C takes a memory operand): a full-width load would need a shuffle
@@ -609,9 +622,13 @@ inline Vectorized<scalar_t> compute(const scalar_t* lhs, const scalar_t* rhs) {
     // compared widened once (Vectorized's own half comparisons widen both operands per comparison
     // and narrow each mask back), the float lane masks narrowed to the 16-bit lanes.
     if constexpr (is_half<scalar_t>) {
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+      return Vec::blendv(a, b, half_take_rhs<scalar_t, Op>(a, b));
+#else
       auto [a_lo, a_hi] = widen(a);
       auto [b_lo, b_hi] = widen(b);
       return Vec::blendv(a, b, narrow_mask<scalar_t>(Op::take_rhs(a_lo, b_lo), Op::take_rhs(a_hi, b_hi)));
+#endif
     } else {
       return Vec::blendv(a, b, Op::take_rhs(a, b));
     }
@@ -628,8 +645,10 @@ inline Vectorized<scalar_t> compute(const scalar_t* lhs, const scalar_t* rhs) {
 // line and keep the operands cached, but the output then has to come back from memory. They pay
 // once a call's working set (lhs, rhs and out) no longer stays in a cache that serves a core faster
 // than memory does:
-// - AMD (Zen 3, 32 MB L3 per 8 cores): the L3 does. Streaming from half of it on, measured at 4M
-//   elements: f32 0.98 -> 0.87, f64 1.00 -> 0.90 of torch's time; halves (24 MB) about 0.8.
+// - AMD (Zen 3, 32 MB L3 per 8 cores): the L3 does. Streaming once the working set exceeds it,
+//   measured at 2 threads: 24 MB working sets (float32 2M, halves 4M elements) kept in the L3 take
+//   0.54-0.91 of torch's time where streaming took 0.78-1.39; 48 and 96 MB (float32 and float64 4M)
+//   stream, 0.71-0.86 of torch's.
 // - Intel Xeon (Emerald Rapids, 2 MB L2 per core, a 300 MB L3 on the mesh): the L3 serves one core
 //   at about 22 GB/s, no faster than memory, so only the private L2 is worth keeping. Streaming from
 //   a thread's share of the working set above its L2 on, measured with 1 and 2 threads: 3-48 MB
@@ -691,7 +710,7 @@ inline const CacheSizes& cache_sizes() {
 inline bool streams(int64_t bytes, int64_t threads) {
   const CacheSizes& c = cache_sizes();
   if (c.last_level_is_slow) return bytes > threads * c.private_bytes;
-  return bytes > c.last_level_bytes / 2;
+  return bytes > c.last_level_bytes;
 }
 
 // out[i] = op(lhs[i], rhs[i]) for i in [begin, end): whole vectors, then the tail as one partial
