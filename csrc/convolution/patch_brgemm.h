@@ -298,11 +298,62 @@ std::vector<scalar_t> pack_patch_weights(const Problem& p, std::vector<PatchPhas
   return packed;
 }
 
-// C's block [rows][cols] (at blk.ldc) into the output: channels_last rows as they are, other
-// layouts turned round 16 positions at a time so that each channel's positions are one run.
-// Positions m0 + m are grid positions jh * pitch + jw; those with jw >= pw.count are dropped.
-// float32 16 positions of one output row, at unit column steps, go straight from the transposes to
-// the output (a 16 x 16 tile per 16 channels); the rest go through `turned` ([cols][16]).
+// Rows of C past a block's last one that a transpose may read: a piece of an output row starts
+// anywhere in a block and its tile reads 16 rows from there (C is allocated with them).
+constexpr int64_t kTileSlackRows = 16;
+
+// n <= 16 floats from src to dst: whole vectors, the last one ending at n (overlapping the one
+// before it); below a vector, masked (AVX-512) or element by element (AVX2's masked stores are
+// slow on AMD cores).
+inline void store_short_run(const float* src, float* dst, int64_t n) {
+  using Vec = Vectorized<float>;
+  constexpr int64_t V = Vec::size();
+  if (n >= V) {
+    for (int64_t i = 0; i + V <= n; i += V) Vec::loadu(src + i).store(dst + i);
+    if (n % V != 0) Vec::loadu(src + n - V).store(dst + n - V);
+    return;
+  }
+#if defined(CPU_CAPABILITY_AVX512)
+  Vec::loadu(src, n).store(dst, n);
+#else
+  for (int64_t i = 0; i < n; ++i) dst[i] = src[i];
+#endif
+}
+
+// float32 at unit column steps (NCHW): C's positions taken output row by output row, up to 16 at
+// a time, each piece turned round by 16 x 16 transposes, a whole one straight into the output, a
+// shorter one (a row's end: 28 columns are 16 + 12) through `turned` in whole vectors. Pieces of 16
+// taken from the block's start instead straddle output rows (28-column rows: half of them), and
+// stored element by element they took 9% of a grouped conv's time on a Zen 3.
+inline void store_float_rows(const float* c, float* turned, const PatchBlock& blk, int64_t rows, int64_t cols,
+                             int64_t m0, int64_t pitch, const Phase& ph, const Phase& pw, const Axis& ax_h,
+                             float* out_nc, const Layout& ol) {
+  for (int64_t m = 0; m < rows;) {
+    const int64_t jh = (m0 + m) / pitch, jw = (m0 + m) % pitch;
+    if (jw >= pw.count) {  // computed past the grid row's end (in place), dropped
+      m += pitch - jw;
+      continue;
+    }
+    const int64_t span = std::min({int64_t(16), pw.count - jw, rows - m});
+    float* row = out_nc + (ph.r + ax_h.out_step * jh) * ol.h + pw.r + jw;
+    for (int64_t co = 0; co < cols; co += 16) {
+      const float* tile = c + m * blk.ldc + co;
+      const int64_t channels = std::min<int64_t>(16, cols - co);
+      if (span == 16 && channels == 16) {
+        transpose_tile(tile, blk.ldc, row + co * ol.c, ol.c);
+        continue;
+      }
+      transpose_tile(tile, blk.ldc, turned, int64_t(16));
+      for (int64_t ch = 0; ch < channels; ++ch) store_short_run(turned + ch * 16, row + (co + ch) * ol.c, span);
+    }
+    m += span;
+  }
+}
+
+// C's block [rows][cols] (at blk.ldc) into the output: channels_last rows as they are, float32 at
+// unit column steps by store_float_rows, other layouts turned round 16 positions at a time so that
+// each channel's positions are one run, through `turned` ([cols][16]). Positions m0 + m are grid
+// positions jh * pitch + jw; those with jw >= pw.count are dropped.
 template <typename scalar_t>
 void store_patch_block(const float* c, float* turned, const PatchBlock& blk, int64_t rows, int64_t cols, int64_t m0,
                        int64_t pitch, const Phase& ph, const Phase& pw, const Axis& ax_h, const Axis& ax_w,
@@ -319,15 +370,11 @@ void store_patch_block(const float* c, float* turned, const PatchBlock& blk, int
     return;
   }
   const int64_t step = ax_w.out_step * ol.w;
-  const bool direct = std::is_same_v<scalar_t, float> && step == 1 && cols % 16 == 0;
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    if (step == 1) return store_float_rows(c, turned, blk, rows, cols, m0, pitch, ph, pw, ax_h, out_nc, ol);
+  }
   for (int64_t m = 0; m < rows; m += 16) {
     const int64_t segment = std::min<int64_t>(16, rows - m);
-    if (const auto [jw, dst] = output_at(m); direct && segment == 16 && jw + 16 <= pw.count) {
-      for (int64_t co = 0; co < cols; co += 16) {
-        transpose_tile(c + m * blk.ldc + co, blk.ldc, reinterpret_cast<float*>(dst) + co * ol.c, ol.c);
-      }
-      continue;
-    }
     for (int64_t co = 0; co < cols; co += 16) transpose_tile(c + m * blk.ldc + co, blk.ldc, turned + co * 16, int64_t(16));
     for (int64_t s = 0; s < segment;) {
       const auto [jw, dst] = output_at(m + s);
@@ -502,7 +549,8 @@ std::vector<char> convolve_patch_brgemm(const Problem& p, const Axis& ax_h, cons
   at::parallel_for(0, p.N * G * n_ph * task_phases_w * blocks, 1, [&](int64_t first_task, int64_t last_task) {
     const auto a = scratch<scalar_t>(in_place ? 0 : kPatchRows * max_K + kRunSlack);
     // Zeroed once: the transposes read whole 16 x 16 tiles of C past a short block's rows.
-    std::vector<float> c(kPatchBlock, 0.f), c_odd(column_pair ? kPatchBlock : 0, 0.f), turned(kPatchBlock);
+    constexpr int64_t c_floats = kPatchBlock + kTileSlackRows * kPatchChannels;
+    std::vector<float> c(c_floats, 0.f), c_odd(column_pair ? c_floats : 0, 0.f), turned(kPatchBlock);
 
     // C += A[:, 0, K) B[0, K), in chunks of at most kPatchChunk terms: brgemm sums each chunk from
     // zero and adds it to C (bfloat16: chunks of 32 pairs inside the tile unit as well).
