@@ -233,12 +233,13 @@ void stage_row(const Problem& p, const PatchStaging& st, const scalar_t* x, cons
     return;
   }
   int64_t c0 = 0;
-  if (xl.w == 1) {
+  if (xl.w == 1 && hi - lo >= 16) {
+    // 16 x 16 tiles; a row's last columns by one more tile ending at its end, overlapping the one
+    // before it (element by element, a 28-column row's last 12 took most of its staging).
     for (; c0 + 16 <= Cin_g; c0 += 16) {
-      int64_t j = lo;
-      for (; j + 16 <= hi; j += 16) transpose_tile(src + c0 * xl.c + j, xl.c, row + j * st.Cp + c0, st.Cp);
-      for (; j < hi; ++j) {
-        for (int64_t c = c0; c < c0 + 16; ++c) row[j * st.Cp + c] = src[c * xl.c + j];
+      for (int64_t j = lo; j < hi; j += 16) {
+        const int64_t at = std::min(j, hi - 16);
+        transpose_tile(src + c0 * xl.c + at, xl.c, row + at * st.Cp + c0, st.Cp);
       }
     }
   }
