@@ -190,104 +190,151 @@ inline bool is_depthwise(const Problem& p) {
   return !p.transpose && p.groups == p.Cin && p.Cin > 0;
 }
 
+namespace depthwise_detail {
+
+// A call's geometry, worked out once.
+struct DepthwisePlan {
+  int64_t n_taps = 0, Wv = 0, len = 0, rows_per_task = 0, row_blocks = 0, tasks = 0, work = 0, row_step = 0;
+  bool rows_in_place = false;
+  // Where each tap's run starts in the lines of a task's first output row; output row oh of the
+  // task reads the same offsets sh input rows (sh * sw lines) further on per row. Computed once:
+  // per row, its divisions cost more than the row's multiply-adds.
+  std::vector<int64_t> taps;
+};
+
+template <typename scalar_t>
+DepthwisePlan plan_depthwise(const Problem& p, const Layout& ol) {
+  using acc_t = acc_type<scalar_t>;
+  constexpr int64_t V = Vectorized<acc_t>::size();
+  const int64_t sw = p.stride[1], sh = p.stride[0];
+  DepthwisePlan plan;
+  plan.n_taps = p.Kh * p.Kw;
+  plan.Wv = (p.Wo + V - 1) / V * V;  // output columns rounded up to whole vectors
+  // A line holds every column a vector of the last block reads: j up to Wv + (Kw - 1) * dw / sw.
+  plan.len = plan.Wv + ((p.Kw - 1) * p.dilation[1]) / sw + 1;
+  // Output rows per task: enough to amortize the lines, few enough to keep them in L2.
+  plan.rows_per_task = std::clamp<int64_t>(
+      (kScratchBytes / static_cast<int64_t>(sizeof(acc_t)) / std::max<int64_t>(1, sw * plan.len)) / std::max<int64_t>(1, sh),
+      1, p.Ho);
+  plan.row_blocks = (p.Ho + plan.rows_per_task - 1) / plan.rows_per_task;
+  plan.tasks = p.N * p.Cout * plan.row_blocks;
+  plan.work = std::max<int64_t>(1, plan.rows_per_task * plan.Wv * plan.n_taps);
+  plan.taps.resize(plan.n_taps);
+  for (int64_t kh = 0; kh < p.Kh; ++kh) {
+    for (int64_t kw = 0; kw < p.Kw; ++kw) {
+      const int64_t off = kw * p.dilation[1];
+      plan.taps[kh * p.Kw + kw] = (kh * p.dilation[0] * sw + off % sw) * plan.len + off / sw;
+    }
+  }
+  plan.row_step = sh * sw * plan.len;
+  // A float output row of whole vectors (NCHW) is written in place; others go through a buffer.
+  plan.rows_in_place = !is_half<scalar_t> && ol.w == 1 && plan.Wv == p.Wo;
+  return plan;
+}
+
+// A task: output channel co of image n, output rows [oh0, oh1).
+struct DepthwiseTask {
+  int64_t n, co, oh0, oh1;
+};
+
+inline DepthwiseTask depthwise_task(const Problem& p, const DepthwisePlan& plan, int64_t task) {
+  const int64_t block = task % plan.row_blocks, oh0 = block * plan.rows_per_task;
+  return {task / plan.row_blocks / p.Cout, task / plan.row_blocks % p.Cout, oh0, std::min(p.Ho, oh0 + plan.rows_per_task)};
+}
+
+// The input rows a task reads, as a byte range of x where they lie back to back (NCHW).
+template <typename scalar_t>
+std::pair<const char*, const char*> task_input(const Problem& p, const DepthwiseTask& t, const scalar_t* x,
+                                               const Layout& xl) {
+  if (xl.w != 1 || xl.h != p.W) return {nullptr, nullptr};
+  const int64_t ih0 = std::max<int64_t>(0, t.oh0 * p.stride[0] - p.padding[0]);
+  const int64_t ih1 = std::min(p.H, (t.oh1 - 1) * p.stride[0] - p.padding[0] + (p.Kh - 1) * p.dilation[0] + 1);
+  if (ih1 <= ih0) return {nullptr, nullptr};
+  const scalar_t* plane = x + t.n * xl.n + t.co / (p.Cout / p.groups) * xl.c;
+  return {reinterpret_cast<const char*>(plane + ih0 * xl.h), reinterpret_cast<const char*>(plane + ih1 * xl.h)};
+}
+
+// A thread's buffers, reused from one task to the next.
+template <typename acc_t>
+struct DepthwiseBuffers {
+  std::vector<acc_t> lines, result;  // the task's input lines; two output rows not written in place
+  std::vector<Vectorized<acc_t>> weights;
+  NextInput prefetch;
+  explicit DepthwiseBuffers(const DepthwisePlan& plan) : result(2 * plan.Wv), weights(plan.n_taps) {}
+};
+
+// One task's output rows. kTaps > 0 unrolls the chains (see row_vectors); kKh > 0 (the kernel is
+// kKh x kTaps / kKh) takes rows in pairs where each steps one input row. next: the following
+// task's input, fetched while this one computes.
+template <typename scalar_t, int kTaps, int kKh>
+void run_depthwise_task(const Problem& p, const DepthwisePlan& plan, const DepthwiseTask& t,
+                        std::pair<const char*, const char*> next, const scalar_t* x, const Layout& xl,
+                        const scalar_t* weight, const int64_t* ws, const scalar_t* bias, scalar_t* out,
+                        const Layout& ol, DepthwiseBuffers<acc_type<scalar_t>>& buf) {
+  using acc_t = acc_type<scalar_t>;
+  using Vec = Vectorized<acc_t>;
+  constexpr int kKw = kKh > 0 ? kTaps / kKh : 0;
+  const int64_t sh = p.stride[0], Wv = plan.Wv;
+  const int64_t in_rows = (t.oh1 - 1 - t.oh0) * sh + (p.Kh - 1) * p.dilation[0] + 1;
+  buf.lines.resize(in_rows * p.stride[1] * plan.len);
+  widen_lines<scalar_t, acc_t>(x + t.n * xl.n + t.co / (p.Cout / p.groups) * xl.c, xl, p, t.oh0 * sh - p.padding[0],
+                               in_rows, plan.len, buf.lines.data());
+  buf.prefetch.start(next, t.oh1 - t.oh0);
+  for (int64_t tap = 0; tap < plan.n_taps; ++tap) {
+    buf.weights[tap] = Vec(static_cast<acc_t>(weight[t.co * ws[0] + (tap / p.Kw) * ws[2] + (tap % p.Kw) * ws[3]]));
+  }
+  const acc_t b = bias ? static_cast<acc_t>(bias[t.co]) : acc_t(0);
+  scalar_t* plane = out + t.n * ol.n + t.co * ol.c;
+  // Output row oh's accumulators: the row itself where it is written in place (only taken where
+  // scalar_t is acc_t; the cast keeps the other instantiations compiling), else the `slot`-th row
+  // of buf.result, stored by finish().
+  const auto row_at = [&](int64_t oh, int64_t slot) {
+    return plan.rows_in_place ? reinterpret_cast<acc_t*>(plane + oh * ol.h) : buf.result.data() + slot * Wv;
+  };
+  const auto finish = [&](int64_t oh, int64_t slot) {
+    if (!plan.rows_in_place) store_row<scalar_t>(buf.result.data() + slot * Wv, plane + oh * ol.h, ol.w, p.Wo);
+  };
+  const acc_t* lines = buf.lines.data();
+  int64_t oh = t.oh0;
+  if constexpr (kKh > 0) {
+    for (; sh == 1 && p.dilation[0] == 1 && oh + 1 < t.oh1; oh += 2) {
+      buf.prefetch.step();
+      buf.prefetch.step();
+      output_row_pair<acc_t, kKh, kKw>(lines + (oh - t.oh0) * plan.row_step, plan.taps.data(), plan.row_step,
+                                       buf.weights.data(), b, Wv, row_at(oh, 0), row_at(oh + 1, 1));
+      finish(oh, 0);
+      finish(oh + 1, 1);
+    }
+  }
+  for (; oh < t.oh1; ++oh) {
+    buf.prefetch.step();
+    output_row<acc_t, kTaps>(lines + (oh - t.oh0) * plan.row_step, plan.taps.data(), buf.weights.data(), plan.n_taps,
+                             b, Wv, row_at(oh, 0));
+    finish(oh, 0);
+  }
+}
+
+}  // namespace depthwise_detail
+
 template <typename scalar_t>
 void convolve_depthwise(const Problem& p, const scalar_t* x, const Layout& xl, const scalar_t* weight, const int64_t* ws,
                         const scalar_t* bias, scalar_t* out, const Layout& ol) {
   using namespace depthwise_detail;
-  using acc_t = acc_type<scalar_t>;
-  constexpr int64_t V = Vectorized<acc_t>::size();
-  const int64_t sw = p.stride[1], sh = p.stride[0], per_group = p.Cout / p.groups;
-  const int64_t n_taps = p.Kh * p.Kw;
-  const int64_t Wv = (p.Wo + V - 1) / V * V;  // output columns rounded up to whole vectors
-  // A line holds every column a vector of the last block reads: j up to Wv + (Kw - 1) * dw / sw.
-  const int64_t len = Wv + ((p.Kw - 1) * p.dilation[1]) / sw + 1;
-  // Output rows per task: enough to amortize the lines, few enough to keep them in L2.
-  const int64_t rows_per_task = std::clamp<int64_t>(
-      (kScratchBytes / static_cast<int64_t>(sizeof(acc_t)) / std::max<int64_t>(1, sw * len)) / std::max<int64_t>(1, sh),
-      1, p.Ho);
-  const int64_t row_blocks = (p.Ho + rows_per_task - 1) / rows_per_task;
-  const int64_t tasks = p.N * p.Cout * row_blocks;
-  const int64_t work = std::max<int64_t>(1, rows_per_task * Wv * n_taps);
-  // Where each tap's run starts in the lines of a task's first output row; output row oh of the
-  // task reads the same offsets sh input rows (sh * sw lines) further on per row. Computed once:
-  // per row, its divisions cost more than the row's multiply-adds.
-  std::vector<int64_t> taps(n_taps);
-  for (int64_t kh = 0; kh < p.Kh; ++kh) {
-    for (int64_t kw = 0; kw < p.Kw; ++kw) {
-      const int64_t off = kw * p.dilation[1];
-      taps[kh * p.Kw + kw] = (kh * p.dilation[0] * sw + off % sw) * len + off / sw;
-    }
-  }
-  const int64_t row_step = sh * sw * len;
-  // A float output row of whole vectors (NCHW) is written in place; others go through `result`.
-  const bool rows_in_place = !is_half<scalar_t> && ol.w == 1 && Wv == p.Wo;
-  // The input rows a task reads, as a byte range of x where they lie back to back (NCHW).
-  const auto task_input = [&](int64_t task) -> std::pair<const char*, const char*> {
-    if (xl.w != 1 || xl.h != p.W) return {nullptr, nullptr};
-    const int64_t block = task % row_blocks, co = task / row_blocks % p.Cout, n = task / row_blocks / p.Cout;
-    const int64_t oh0 = block * rows_per_task, oh1 = std::min(p.Ho, oh0 + rows_per_task);
-    const int64_t ih0 = std::max<int64_t>(0, oh0 * sh - p.padding[0]);
-    const int64_t ih1 = std::min(p.H, (oh1 - 1) * sh - p.padding[0] + (p.Kh - 1) * p.dilation[0] + 1);
-    if (ih1 <= ih0) return {nullptr, nullptr};
-    const scalar_t* plane = x + n * xl.n + co / per_group * xl.c;
-    return {reinterpret_cast<const char*>(plane + ih0 * xl.h), reinterpret_cast<const char*>(plane + ih1 * xl.h)};
-  };
-  // fixed_taps: kTaps > 0 unrolls the chains (see row_vectors); fixed_rows: kKh > 0 (the kernel is
-  // kKh x kTaps / kKh) lets rows go in pairs where they step one input row each.
+  const DepthwisePlan plan = plan_depthwise<scalar_t>(p, ol);
   const auto run_tasks = [&](auto fixed_taps, auto fixed_rows) {
     constexpr int kTaps = decltype(fixed_taps)::value, kKh = decltype(fixed_rows)::value;
-    constexpr int kKw = kKh > 0 ? kTaps / kKh : 0;
-    const bool in_pairs = kKh > 0 && sh == 1 && p.dilation[0] == 1;
-    at::parallel_for(0, tasks, std::max<int64_t>(1, (1 << 16) / work), [&](int64_t first, int64_t last) {
-      using Vec = Vectorized<acc_t>;
-      std::vector<acc_t> lines, result(2 * Wv);
-      std::vector<Vec> weights(n_taps);
-      NextInput prefetch;
+    at::parallel_for(0, plan.tasks, std::max<int64_t>(1, (1 << 16) / plan.work), [&](int64_t first, int64_t last) {
+      DepthwiseBuffers<acc_type<scalar_t>> buf(plan);
       for (int64_t task = first; task < last; ++task) {
-        const int64_t block = task % row_blocks, co = task / row_blocks % p.Cout, n = task / row_blocks / p.Cout;
-        const int64_t ci = co / per_group;
-        const int64_t oh0 = block * rows_per_task, oh1 = std::min(p.Ho, oh0 + rows_per_task);
-        const int64_t ih0 = oh0 * sh - p.padding[0];
-        const int64_t in_rows = (oh1 - 1 - oh0) * sh + (p.Kh - 1) * p.dilation[0] + 1;
-        lines.resize(in_rows * sw * len);
-        widen_lines<scalar_t, acc_t>(x + n * xl.n + ci * xl.c, xl, p, ih0, in_rows, len, lines.data());
-        if (task + 1 < last) prefetch.start(task_input(task + 1), oh1 - oh0);
-        for (int64_t t = 0; t < n_taps; ++t) {
-          weights[t] = Vec(static_cast<acc_t>(weight[co * ws[0] + (t / p.Kw) * ws[2] + (t % p.Kw) * ws[3]]));
-        }
-        const acc_t b = bias ? static_cast<acc_t>(bias[co]) : acc_t(0);
-        scalar_t* plane = out + n * ol.n + co * ol.c;
-        // Output row oh's accumulators: the row itself where it is written in place (only taken
-        // where scalar_t is acc_t; the cast keeps the other instantiations compiling), else
-        // `result` (its `slot`-th row), stored by finish().
-        const auto row_at = [&](int64_t oh, int64_t slot) {
-          return rows_in_place ? reinterpret_cast<acc_t*>(plane + oh * ol.h) : result.data() + slot * Wv;
-        };
-        const auto finish = [&](int64_t oh, int64_t slot) {
-          if (!rows_in_place) store_row<scalar_t>(result.data() + slot * Wv, plane + oh * ol.h, ol.w, p.Wo);
-        };
-        int64_t oh = oh0;
-        if constexpr (kKh > 0) {
-          for (; in_pairs && oh + 1 < oh1; oh += 2) {
-            prefetch.step();
-            prefetch.step();
-            output_row_pair<acc_t, kKh, kKw>(lines.data() + (oh - oh0) * row_step, taps.data(), row_step,
-                                             weights.data(), b, Wv, row_at(oh, 0), row_at(oh + 1, 1));
-            finish(oh, 0);
-            finish(oh + 1, 1);
-          }
-        }
-        for (; oh < oh1; ++oh) {
-          prefetch.step();
-          output_row<acc_t, kTaps>(lines.data() + (oh - oh0) * row_step, taps.data(), weights.data(), n_taps, b, Wv,
-                                   row_at(oh, 0));
-          finish(oh, 0);
-        }
+        const auto next = task + 1 < last ? task_input(p, depthwise_task(p, plan, task + 1), x, xl)
+                                          : std::pair<const char*, const char*>{nullptr, nullptr};
+        run_depthwise_task<scalar_t, kTaps, kKh>(p, plan, depthwise_task(p, plan, task), next, x, xl, weight, ws, bias,
+                                                 out, ol, buf);
       }
     });
   };
   using std::integral_constant;
-  switch (n_taps) {
+  switch (plan.n_taps) {
     case 9:
       return p.Kh == 3 ? run_tasks(integral_constant<int, 9>{}, integral_constant<int, 3>{})
                        : run_tasks(integral_constant<int, 9>{}, integral_constant<int, 0>{});

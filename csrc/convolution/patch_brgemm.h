@@ -512,110 +512,143 @@ void copy_patches(const PatchPhase& pp, const PatchStaging& st, const Axis& ax_h
   }
 }
 
+// A thread's buffers: A (copied patches), C per column phase (zeroed once: the transposes read
+// whole 16 x 16 tiles of C past a short block's rows, up to kTileSlackRows past its end) and the
+// transposes' buffer.
+template <typename scalar_t>
+struct PatchBuffers {
+  static constexpr int64_t kCFloats = kPatchBlock + kTileSlackRows * kPatchChannels;
+  std::unique_ptr<scalar_t[]> a;
+  std::vector<float> c, c_odd, turned;
+  PatchBuffers(const PatchPlan& plan, bool column_pair)
+      : a(scratch<scalar_t>(plan.in_place ? 0 : kPatchRows * plan.max_K + kRunSlack)),
+        c(kCFloats, 0.f),
+        c_odd(column_pair ? kCFloats : 0, 0.f),
+        turned(kPatchBlock) {}
+};
+
+// What a call's tasks share, and one task's work: a block of grid positions of one row phase and
+// one column phase (both, for a column pair), every output channel of one group of one image.
+template <typename scalar_t>
+struct PatchCall {
+  static constexpr bool paired = std::is_same_v<scalar_t, at::BFloat16>;
+  const Problem& p;
+  const Axis &ax_h, &ax_w;
+  const PatchPlan& plan;
+  const std::vector<scalar_t>& packed;  // pack_patch_weights
+  const scalar_t* staged;               // stage_patch_images
+  const std::vector<char>& done;        // the images this path computes
+  const std::vector<float>& bias;       // per output channel, zero without one
+  PatchBlock blk;
+  int64_t blocks;  // position blocks of the largest phase
+  std::optional<std::pair<int64_t, int64_t>> column_pair;  // paired_column_phases
+  scalar_t* out;
+  const Layout& ol;
+
+  int64_t n_pw() const { return static_cast<int64_t>(ax_w.phases.size()); }
+  int64_t task_phases_w() const { return column_pair ? 1 : n_pw(); }
+  int64_t tasks() const {
+    return p.N * p.groups * static_cast<int64_t>(ax_h.phases.size()) * task_phases_w() * blocks;
+  }
+  // In place, A is read at lda = Cp and a task's positions are the staged rows' pitch apart: the
+  // Ws - count columns past each grid row are computed and dropped, as on the planar path.
+  int64_t pitch(int64_t j) const { return plan.in_place ? plan.st.Ws : ax_w.phases[j].count; }
+  // Positions of column phase j in the block from m0 (none: a phase with fewer than the largest).
+  int64_t rows_of(const Phase& ph, int64_t j, int64_t m0) const {
+    if (j < 0) return 0;
+    return std::max<int64_t>(0, std::min(blk.rows, (ph.count - 1) * pitch(j) + ax_w.phases[j].count - m0));
+  }
+
+  // C += A[:, 0, K) B[0, K), in chunks of at most kPatchChunk terms: brgemm sums each chunk from
+  // zero and adds it to C (bfloat16: chunks of 32 pairs inside the tile unit as well).
+  void accumulate(float* c, int64_t rows, int64_t cols, int64_t K, const scalar_t* a, int64_t lda, const scalar_t* b,
+                  int64_t ldb) const {
+    const int64_t chunk = paired ? K : kPatchChunk;
+    for (int64_t k0 = 0; k0 < K; k0 += chunk) {
+      at::native::cpublas::brgemm(rows, cols, std::min(chunk, K - k0), lda, ldb, blk.ldc, true, a + k0, b + k0 * ldb, c,
+                                  paired);
+    }
+  }
+
+  // C of phase pp of group g for output channels [co0, co0 + cols): the bias, then the patch, read
+  // in place from the image or from the copied patches a.
+  void compute(const PatchPhase& pp, int64_t g, const scalar_t* image, const scalar_t* a, int64_t m0, int64_t rows,
+               int64_t co0, int64_t cols, float* c) const {
+    const int64_t Cout_g = p.Cout / p.groups;
+    for (int64_t m = 0; m < rows; ++m) copy_run(bias.data() + g * Cout_g + co0, c + m * blk.ldc, cols);
+    const scalar_t* b = packed.data() + g * static_cast<int64_t>(packed.size()) / p.groups + pp.weight_offset +
+                        co0 * (paired ? 2 : 1);
+    if (!plan.in_place) return accumulate(c, rows, cols, pp.K, a, pp.K, b, Cout_g);
+    for (size_t r = 0; r < pp.runs.size(); ++r) {
+      accumulate(c, rows, cols, pp.runs[r].length, image + m0 * plan.st.Cp + pp.runs[r].offset, plan.st.Cp,
+                 b + pp.run_k[r] * Cout_g, Cout_g);
+    }
+  }
+
+  void run(int64_t task, PatchBuffers<scalar_t>& buf) const {
+    const int64_t G = p.groups, Cout_g = p.Cout / G, n_ph = static_cast<int64_t>(ax_h.phases.size());
+    const auto [n, g, i, task_j, block, unused] = phase_task(task, G, n_ph, task_phases_w(), blocks, 1);
+    if (!done[n]) return;
+    const Phase& ph = ax_h.phases[i];
+    const int64_t m0 = block * blk.rows;
+    const int64_t j_first = column_pair ? column_pair->first : task_j, j_second = column_pair ? column_pair->second : -1;
+    const int64_t rows_first = rows_of(ph, j_first, m0), rows_second = rows_of(ph, j_second, m0);
+    if (rows_first == 0 && rows_second == 0) return;
+    const scalar_t* image = staged + (n * G + g) * plan.st.image_group;
+    const PatchPhase& pp_first = plan.phases[i * n_pw() + j_first];
+    if (!plan.in_place) {
+      copy_patches(pp_first, plan.st, ax_h, ax_w, ax_w.phases[j_first].count, image, m0, rows_first, buf.a.get());
+    }
+    scalar_t* out_group = out + n * ol.n + g * Cout_g * ol.c;
+    for (int64_t co0 = 0; co0 < Cout_g; co0 += blk.ldc) {
+      const int64_t cols = std::min(blk.ldc, Cout_g - co0);
+      if (rows_first > 0) compute(pp_first, g, image, buf.a.get(), m0, rows_first, co0, cols, buf.c.data());
+      if constexpr (std::is_same_v<scalar_t, float>) {
+        if (column_pair) {
+          if (rows_second > 0) {
+            compute(plan.phases[i * n_pw() + j_second], g, image, nullptr, m0, rows_second, co0, cols, buf.c_odd.data());
+          }
+          store_column_pair(buf.c.data(), buf.c_odd.data(), buf.turned.data(), blk, rows_first, rows_second, cols, m0,
+                            pitch(j_first), ph, ax_w.phases[j_first], ax_w.phases[j_second], ax_h, ax_w,
+                            out_group + co0 * ol.c, ol);
+          continue;
+        }
+      }
+      store_patch_block<scalar_t>(buf.c.data(), buf.turned.data(), blk, rows_first, cols, m0, pitch(j_first), ph,
+                                  ax_w.phases[j_first], ax_h, ax_w, out_group + co0 * ol.c, ol);
+    }
+  }
+};
+
 // Computes the images that take this path and returns, per image, whether it did (the caller
 // computes the others).
 template <typename scalar_t>
 std::vector<char> convolve_patch_brgemm(const Problem& p, const Axis& ax_h, const Axis& ax_w, PatchPlan plan,
                                         const scalar_t* x, const Layout& xl, const ConvOperands& o,
                                         const scalar_t* bias, scalar_t* out, const Layout& ol) {
-  constexpr bool paired = std::is_same_v<scalar_t, at::BFloat16>;
-  const int64_t G = p.groups, Cout_g = p.Cout / G;
   const PatchStaging& st = plan.st;
-  std::vector<PatchPhase>& phases = plan.phases;
-  const bool in_place = plan.in_place;
-  const int64_t max_K = plan.max_K;
   const std::vector<scalar_t> packed =
-      pack_patch_weights<scalar_t>(p, phases, st, static_cast<const scalar_t*>(o.weight), o.weight_strides);
-  const int64_t weights_per_group = static_cast<int64_t>(packed.size()) / G;
-  scalar_t* const staged = reused_planes<scalar_t>(p.N * G * st.image_group + kRunSlack);
+      pack_patch_weights<scalar_t>(p, plan.phases, st, static_cast<const scalar_t*>(o.weight), o.weight_strides);
+  scalar_t* const staged = reused_planes<scalar_t>(p.N * p.groups * st.image_group + kRunSlack);
   const std::vector<char> done = stage_patch_images<scalar_t>(p, st, x, xl, packed, bias, staged);
   if (std::find(done.begin(), done.end(), 1) == done.end()) return done;
 
-  const int64_t n_ph = static_cast<int64_t>(ax_h.phases.size()), n_pw = static_cast<int64_t>(ax_w.phases.size());
-  // In place, A is read at lda = Cp and a task's positions are the staged rows' pitch apart: the
-  // Ws - count columns past each grid row are computed and dropped, as on the planar path.
   int64_t max_positions = 1;
   for (const Phase& ph : ax_h.phases) {
     for (const Phase& pw : ax_w.phases) {
-      max_positions = std::max(max_positions, in_place ? (ph.count - 1) * st.Ws + pw.count : ph.count * pw.count);
+      max_positions = std::max(max_positions, plan.in_place ? (ph.count - 1) * st.Ws + pw.count : ph.count * pw.count);
     }
   }
-  const PatchBlock blk = patch_block(Cout_g, in_place);
-  const int64_t blocks = (max_positions + blk.rows - 1) / blk.rows;
+  const PatchBlock blk = patch_block(p.Cout / p.groups, plan.in_place);
   std::vector<float> bias_f(p.Cout, 0.f);
   for (int64_t c = 0; bias && c < p.Cout; ++c) bias_f[c] = static_cast<float>(bias[c]);
-
-  const auto column_pair = paired_column_phases<scalar_t>(ax_w, in_place, ol);
-  const int64_t task_phases_w = column_pair ? 1 : n_pw;  // a task takes both column phases of a pair
-  at::parallel_for(0, p.N * G * n_ph * task_phases_w * blocks, 1, [&](int64_t first_task, int64_t last_task) {
-    const auto a = scratch<scalar_t>(in_place ? 0 : kPatchRows * max_K + kRunSlack);
-    // Zeroed once: the transposes read whole 16 x 16 tiles of C past a short block's rows.
-    constexpr int64_t c_floats = kPatchBlock + kTileSlackRows * kPatchChannels;
-    std::vector<float> c(c_floats, 0.f), c_odd(column_pair ? c_floats : 0, 0.f), turned(kPatchBlock);
-
-    // C += A[:, 0, K) B[0, K), in chunks of at most kPatchChunk terms: brgemm sums each chunk from
-    // zero and adds it to C (bfloat16: chunks of 32 pairs inside the tile unit as well).
-    auto accumulate = [&](float* c_block, int64_t rows, int64_t cols, int64_t K, const scalar_t* a_run, int64_t lda,
-                          const scalar_t* b_run, int64_t ldb) {
-      const int64_t chunk = paired ? K : kPatchChunk;
-      for (int64_t k0 = 0; k0 < K; k0 += chunk) {
-        at::native::cpublas::brgemm(rows, cols, std::min(chunk, K - k0), lda, ldb, blk.ldc, true, a_run + k0,
-                                    b_run + k0 * ldb, c_block, paired);
-      }
-    };
-    const int64_t pitch_of_in_place = st.Ws;
-    for (int64_t task = first_task; task < last_task; ++task) {
-      const auto [n, g, i, task_j, block, unused] = phase_task(task, G, n_ph, task_phases_w, blocks, 1);
-      if (!done[n]) continue;
-      const Phase& ph = ax_h.phases[i];
-      const int64_t m0 = block * blk.rows;
-      const scalar_t* image = staged + (n * G + g) * st.image_group;
-      const int64_t j_first = column_pair ? column_pair->first : task_j;
-      const int64_t j_second = column_pair ? column_pair->second : -1;
-      // Positions of column phase j in this task's block (none: a phase with fewer than the largest).
-      auto rows_of = [&](int64_t j) {
-        if (j < 0) return int64_t(0);
-        const int64_t pitch = in_place ? pitch_of_in_place : ax_w.phases[j].count;
-        return std::max<int64_t>(0, std::min(blk.rows, (ph.count - 1) * pitch + ax_w.phases[j].count - m0));
-      };
-      const int64_t rows_first = rows_of(j_first), rows_second = rows_of(j_second);
-      if (rows_first == 0 && rows_second == 0) continue;
-      if (!in_place) copy_patches(phases[i * n_pw + j_first], st, ax_h, ax_w, ax_w.phases[j_first].count, image, m0,
-                                  rows_first, a.get());
-      // C of column phase j for output channels [co0, co0 + cols): the bias, then the patch.
-      auto compute = [&](int64_t j, int64_t rows, int64_t co0, int64_t cols, float* c_block) {
-        const PatchPhase& pp = phases[i * n_pw + j];
-        const float* b0 = bias_f.data() + g * Cout_g + co0;
-        for (int64_t m = 0; m < rows; ++m) copy_run(b0, c_block + m * blk.ldc, cols);
-        const scalar_t* b_block = packed.data() + g * weights_per_group + pp.weight_offset + co0 * (paired ? 2 : 1);
-        if (in_place) {
-          for (size_t r = 0; r < pp.runs.size(); ++r) {
-            accumulate(c_block, rows, cols, pp.runs[r].length, image + m0 * st.Cp + pp.runs[r].offset, st.Cp,
-                       b_block + pp.run_k[r] * Cout_g, Cout_g);
-          }
-        } else {
-          accumulate(c_block, rows, cols, pp.K, a.get(), pp.K, b_block, Cout_g);
-        }
-      };
-      scalar_t* out_group = out + n * ol.n + g * Cout_g * ol.c;
-      for (int64_t co0 = 0; co0 < Cout_g; co0 += blk.ldc) {
-        const int64_t cols = std::min(blk.ldc, Cout_g - co0);
-        if (rows_first > 0) compute(j_first, rows_first, co0, cols, c.data());
-        if (rows_second > 0) compute(j_second, rows_second, co0, cols, c_odd.data());
-        if constexpr (std::is_same_v<scalar_t, float>) {
-          if (column_pair) {
-            store_column_pair(c.data(), c_odd.data(), turned.data(), blk, rows_first, rows_second, cols, m0,
-                              pitch_of_in_place, ph, ax_w.phases[j_first], ax_w.phases[j_second], ax_h, ax_w,
-                              out_group + co0 * ol.c, ol);
-            continue;
-          }
-        }
-        store_patch_block<scalar_t>(c.data(), turned.data(), blk, rows_first, cols, m0,
-                                    in_place ? pitch_of_in_place : ax_w.phases[j_first].count, ph,
-                                    ax_w.phases[j_first], ax_h, ax_w, out_group + co0 * ol.c, ol);
-      }
-    }
-    at::native::cpublas::brgemm_release(paired);
+  const PatchCall<scalar_t> call{p, ax_h, ax_w, plan, packed, staged, done, bias_f, blk,
+                                 (max_positions + blk.rows - 1) / blk.rows,
+                                 paired_column_phases<scalar_t>(ax_w, plan.in_place, ol), out, ol};
+  at::parallel_for(0, call.tasks(), 1, [&](int64_t first, int64_t last) {
+    PatchBuffers<scalar_t> buf(plan, call.column_pair.has_value());
+    for (int64_t task = first; task < last; ++task) call.run(task, buf);
+    at::native::cpublas::brgemm_release(PatchCall<scalar_t>::paired);
   });
   return done;
 }
