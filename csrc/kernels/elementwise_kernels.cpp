@@ -619,8 +619,9 @@ inline Vectorized<scalar_t> compute(const scalar_t* lhs, const scalar_t* rhs) {
   if constexpr (is_selection<Op>::value) {
     const Vec a = Vec::loadu(lhs), b = Vec::loadu(rhs);
     // The choice is applied to the stored operands, so a chosen NaN keeps its payload. Halves are
-    // compared widened once (Vectorized's own half comparisons widen both operands per comparison
-    // and narrow each mask back), the float lane masks narrowed to the 16-bit lanes.
+    // compared on their bits at the vector levels (half_take_rhs); at DEFAULT widened once
+    // (Vectorized's own half comparisons widen both operands per comparison and narrow each mask
+    // back), the float lane masks narrowed to the 16-bit lanes.
     if constexpr (is_half<scalar_t>) {
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
       return Vec::blendv(a, b, half_take_rhs<scalar_t, Op>(a, b));
