@@ -56,12 +56,24 @@ inline void zero(T* dst, int64_t n) {
 // A contiguous run of floats copied with inline vector moves: runs are short (an input or output
 // row), and a memmove call per row took 5% of a 7x7 stem convolution. (The build also keeps GCC
 // from turning this loop back into that call: setup.py, KERNEL_ARGS.)
+// A run of at least a vector ends with one whole vector ending at n, over elements already
+// copied (src and dst are separate buffers); a shorter one goes masked (AVX-512) or element by
+// element (AVX2's masked stores are slow on AMD cores).
 template <typename T>
 inline void copy_run(const T* src, T* dst, int64_t n) {
   using Vec = Vectorized<T>;
-  int64_t i = 0;
-  for (; i + Vec::size() <= n; i += Vec::size()) Vec::loadu(src + i).store(dst + i);
-  for (; i < n; ++i) dst[i] = src[i];
+  constexpr int64_t V = Vec::size();
+  if (n >= V) {
+    int64_t i = 0;
+    for (; i + V <= n; i += V) Vec::loadu(src + i).store(dst + i);
+    if (i < n) Vec::loadu(src + n - V).store(dst + n - V);
+    return;
+  }
+#if defined(CPU_CAPABILITY_AVX512)
+  Vec::loadu(src, n).store(dst, n);
+#else
+  for (int64_t i = 0; i < n; ++i) dst[i] = src[i];
+#endif
 }
 
 // Exact widening of a contiguous run into the accumulator type.

@@ -303,24 +303,6 @@ std::vector<scalar_t> pack_patch_weights(const Problem& p, std::vector<PatchPhas
 // anywhere in a block and its tile reads 16 rows from there (C is allocated with them).
 constexpr int64_t kTileSlackRows = 16;
 
-// n <= 16 floats from src to dst: whole vectors, the last one ending at n (overlapping the one
-// before it); below a vector, masked (AVX-512) or element by element (AVX2's masked stores are
-// slow on AMD cores).
-inline void store_short_run(const float* src, float* dst, int64_t n) {
-  using Vec = Vectorized<float>;
-  constexpr int64_t V = Vec::size();
-  if (n >= V) {
-    for (int64_t i = 0; i + V <= n; i += V) Vec::loadu(src + i).store(dst + i);
-    if (n % V != 0) Vec::loadu(src + n - V).store(dst + n - V);
-    return;
-  }
-#if defined(CPU_CAPABILITY_AVX512)
-  Vec::loadu(src, n).store(dst, n);
-#else
-  for (int64_t i = 0; i < n; ++i) dst[i] = src[i];
-#endif
-}
-
 // float32 at unit column steps (NCHW): C's positions taken output row by output row, up to 16 at
 // a time, each piece turned round by 16 x 16 transposes, a whole one straight into the output, a
 // shorter one (a row's end: 28 columns are 16 + 12) through `turned` in whole vectors. Pieces of 16
@@ -345,7 +327,7 @@ inline void store_float_rows(const float* c, float* turned, const PatchBlock& bl
         continue;
       }
       transpose_tile(tile, blk.ldc, turned, int64_t(16));
-      for (int64_t ch = 0; ch < channels; ++ch) store_short_run(turned + ch * 16, row + (co + ch) * ol.c, span);
+      for (int64_t ch = 0; ch < channels; ++ch) copy_run(turned + ch * 16, row + (co + ch) * ol.c, span);
     }
     m += span;
   }
