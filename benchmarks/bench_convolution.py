@@ -1,7 +1,7 @@
 """Speed of fuel::conv2d / fuel::conv_transpose2d against torch, as a ratio (issue "Speed II").
 
     python benchmarks/bench_convolution.py [--threads 1 2] [--dtype float32 ...] [--repeats 7]
-                                           [--only NAME ...] [--no-training]
+                                           [--only NAME ...] [--no-training] [--allocator steady]
 
 Every row times ours and torch's interleaved in the same run (fuel_torch.timing.interleaved_medians)
 and shows each side's median and ours / torch (below 1: ours is faster). Each table starts with the
@@ -9,10 +9,20 @@ machine line (CPU model, capability levels, threads). Rows: the issue's table (R
 stem forward and its transpose, 1x1, depthwise, grouped), dilated, transposed upsampling (k4 s2), the
 single small conv (call and packing overhead), and a training step: forward + backward (input,
 weight and bias gradients) of a ResNet basic block, our convs through fuel_torch.nn against torch's.
+
+--allocator steady re-runs the script with glibc's mmap and trim thresholds fixed at 4 GiB, so that
+no call's buffers are fresh mappings. With the default (dynamic) thresholds whether a call's
+multi-MB buffers come back as fresh pages depends on the process's allocation history: on a Xeon
+torch's float32 ResNet 3x3 took 1,200-2,300 minor page faults per call in one process and none in
+another, and its time moved between 8 and 17 ms with it (ours: 0-30 faults). Each table shows
+both sides' faults per call (the "faults" column, fuel / torch) so a figure says which it was.
 """
 from __future__ import annotations
 
 import argparse
+import os
+import resource
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +44,7 @@ SHAPES = [
      dict(stride=2, padding=1)),
     ("small 3x3 (1,32,16x16,32)", "conv2d", (1, 32, 16, 16), (32, 32, 3, 3), dict(padding=1)),
 ]
+STEADY_TUNABLES = "glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=4294967296"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 TORCH = {"conv2d": F.conv2d, "conv_transpose2d": F.conv_transpose2d}
 
@@ -44,9 +55,20 @@ def conv_row(op, x_shape, w_shape, geometry, dtype, repeats, generator) -> tuple
     cout = w_shape[0] if op == "conv2d" else w_shape[1] * geometry.get("groups", 1)
     b = torch.randn(cout, generator=generator).to(dtype)
     ours, theirs = getattr(fuel_torch, op), TORCH[op]
-    medians = interleaved_medians({"fuel": lambda: ours(x, w, b, **geometry),
-                                   "torch": lambda: theirs(x, w, b, **geometry)}, repeats=repeats)
-    return medians["fuel"], medians["torch"]
+    fns = {"fuel": lambda: ours(x, w, b, **geometry), "torch": lambda: theirs(x, w, b, **geometry)}
+    medians = interleaved_medians(fns, repeats=repeats)
+    return medians["fuel"], medians["torch"], faults_per_call(fns)
+
+
+def faults_per_call(fns, calls: int = 3) -> str:
+    """Minor page faults per call of each side, in the state the timing left the process in."""
+    counts = []
+    for fn in fns.values():
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for _ in range(calls):
+            fn()
+        counts.append((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / calls)
+    return " / ".join(f"{count:.0f}" for count in counts)
 
 
 class BasicBlock(torch.nn.Module):
@@ -74,13 +96,14 @@ def training_row(dtype, repeats, generator) -> tuple[float, float]:
             model(x).sum().backward()
         return run
 
-    medians = interleaved_medians({"fuel": step(ours), "torch": step(theirs)}, repeats=repeats)
-    return medians["fuel"], medians["torch"]
+    fns = {"fuel": step(ours), "torch": step(theirs)}
+    medians = interleaved_medians(fns, repeats=repeats)
+    return medians["fuel"], medians["torch"], faults_per_call(fns, calls=1)
 
 
 def print_table(rows) -> None:
-    header = ("case", "dtype", "fuel ms", "torch ms", "fuel/torch")
-    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(5)]
+    header = ("case", "dtype", "fuel ms", "torch ms", "fuel/torch", "faults")
+    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
     for number, row in enumerate([header, *rows]):
         print("  ".join(str(cell).rjust(width) if i > 1 else str(cell).ljust(width)
                         for i, (cell, width) in enumerate(zip(row, widths))))
@@ -96,12 +119,16 @@ def main() -> None:
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--only", nargs="+", default=None, help="run only the cases whose name contains one of these")
     parser.add_argument("--no-training", action="store_true", help="skip the ResNet basic block training step")
+    parser.add_argument("--allocator", choices=["default", "steady"], default="default",
+                        help="steady: glibc thresholds fixed so that no call's buffers are fresh mappings")
     args = parser.parse_args()
+    if args.allocator == "steady" and os.environ.get("GLIBC_TUNABLES") != STEADY_TUNABLES:
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "GLIBC_TUNABLES": STEADY_TUNABLES})
     generator = torch.Generator().manual_seed(0)
     wanted = lambda name: args.only is None or any(part in name for part in args.only)  # noqa: E731
     for threads in args.threads:
         torch.set_num_threads(threads)
-        print(machine_line())
+        print(machine_line() + f"; allocator {args.allocator}")
         print(f"median of {args.repeats} interleaved repeats (fuel_torch.timing.interleaved_medians)")
         rows = []
         for dtype_name in args.dtype:
@@ -109,12 +136,12 @@ def main() -> None:
             for name, op, x_shape, w_shape, geometry in SHAPES:
                 if not wanted(name):
                     continue
-                ours, theirs = conv_row(op, x_shape, w_shape, geometry, dtype, args.repeats, generator)
-                rows.append((name, dtype_name, f"{ours * 1e3:.3f}", f"{theirs * 1e3:.3f}", f"{ours / theirs:.2f}"))
+                ours, theirs, faults = conv_row(op, x_shape, w_shape, geometry, dtype, args.repeats, generator)
+                rows.append((name, dtype_name, f"{ours * 1e3:.3f}", f"{theirs * 1e3:.3f}", f"{ours / theirs:.2f}", faults))
             name = "training: basic block fwd+bwd (4,64,56x56)"
             if not args.no_training and wanted(name):
-                ours, theirs = training_row(dtype, args.repeats, generator)
-                rows.append((name, dtype_name, f"{ours * 1e3:.3f}", f"{theirs * 1e3:.3f}", f"{ours / theirs:.2f}"))
+                ours, theirs, faults = training_row(dtype, args.repeats, generator)
+                rows.append((name, dtype_name, f"{ours * 1e3:.3f}", f"{theirs * 1e3:.3f}", f"{ours / theirs:.2f}", faults))
         print_table(rows)
 
 
