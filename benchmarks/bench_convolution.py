@@ -49,7 +49,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 TORCH = {"conv2d": F.conv2d, "conv_transpose2d": F.conv_transpose2d}
 
 
-def conv_row(op, x_shape, w_shape, geometry, dtype, repeats, generator) -> tuple[float, float]:
+def conv_row(op, x_shape, w_shape, geometry, dtype, repeats, generator) -> tuple[float, float, str]:
     x = torch.randn(x_shape, generator=generator).to(dtype)
     w = torch.randn(w_shape, generator=generator).to(dtype)
     cout = w_shape[0] if op == "conv2d" else w_shape[1] * geometry.get("groups", 1)
@@ -83,7 +83,7 @@ class BasicBlock(torch.nn.Module):
         return torch.relu(self.conv2(torch.relu(self.conv1(x))) + x)
 
 
-def training_row(dtype, repeats, generator) -> tuple[float, float]:
+def training_row(dtype, repeats, generator) -> tuple[float, float, str]:
     torch.manual_seed(0)
     theirs = BasicBlock(torch.nn.Conv2d).to(dtype)
     ours = BasicBlock(fuel_torch.nn.Conv2d).to(dtype)
@@ -99,6 +99,10 @@ def training_row(dtype, repeats, generator) -> tuple[float, float]:
     fns = {"fuel": step(ours), "torch": step(theirs)}
     medians = interleaved_medians(fns, repeats=repeats)
     return medians["fuel"], medians["torch"], faults_per_call(fns, calls=1)
+
+
+def table_row(name: str, dtype_name: str, ours: float, theirs: float, faults: str) -> tuple[str, ...]:
+    return name, dtype_name, f"{ours * 1e3:.3f}", f"{theirs * 1e3:.3f}", f"{ours / theirs:.2f}", faults
 
 
 def print_table(rows) -> None:
@@ -136,12 +140,11 @@ def main() -> None:
             for name, op, x_shape, w_shape, geometry in SHAPES:
                 if not wanted(name):
                     continue
-                ours, theirs, faults = conv_row(op, x_shape, w_shape, geometry, dtype, args.repeats, generator)
-                rows.append((name, dtype_name, f"{ours * 1e3:.3f}", f"{theirs * 1e3:.3f}", f"{ours / theirs:.2f}", faults))
+                rows.append(table_row(name, dtype_name,
+                                      *conv_row(op, x_shape, w_shape, geometry, dtype, args.repeats, generator)))
             name = "training: basic block fwd+bwd (4,64,56x56)"
             if not args.no_training and wanted(name):
-                ours, theirs, faults = training_row(dtype, args.repeats, generator)
-                rows.append((name, dtype_name, f"{ours * 1e3:.3f}", f"{theirs * 1e3:.3f}", f"{ours / theirs:.2f}", faults))
+                rows.append(table_row(name, dtype_name, *training_row(dtype, args.repeats, generator)))
         print_table(rows)
 
 

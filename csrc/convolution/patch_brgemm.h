@@ -312,9 +312,9 @@ inline void store_float_rows(const float* c, float* turned, const PatchBlock& bl
                              int64_t m0, int64_t pitch, const Phase& ph, const Phase& pw, const Axis& ax_h,
                              float* out_nc, const Layout& ol) {
   // Where grid rows lie back to back in the output (a conv2d's copied patches into a contiguous
-  // plane: the stem), position m0 + m is output element m0 + m and the pieces need not stop at a
-  // row's end: a row-by-row split there cut a 56-column stem's rows into 16 + 16 + 16 + 8, half of
-  // its stores straddling cache lines, and storing took a fifth of the stem's time on a Xeon.
+  // plane: the stem), consecutive positions are consecutive output elements and a piece need not
+  // stop at a row's end: split there, a 56-column stem's rows were 16 + 16 + 16 + 8 and every other
+  // row's 16-float stores straddled cache lines.
   const bool back_to_back = pitch == pw.count && ax_h.out_step * ol.h == pitch;
   for (int64_t m = 0; m < rows;) {
     const int64_t jh = (m0 + m) / pitch, jw = (m0 + m) % pitch;
@@ -322,7 +322,8 @@ inline void store_float_rows(const float* c, float* turned, const PatchBlock& bl
       m += pitch - jw;
       continue;
     }
-    const int64_t span = std::min({int64_t(16), back_to_back ? rows - m : pw.count - jw, rows - m});
+    const int64_t piece_end = back_to_back ? rows : std::min(rows, m + pw.count - jw);
+    const int64_t span = std::min<int64_t>(16, piece_end - m);
     float* row = out_nc + (ph.r + ax_h.out_step * jh) * ol.h + pw.r + jw;
     for (int64_t co = 0; co < cols; co += 16) {
       const float* tile = c + m * blk.ldc + co;
