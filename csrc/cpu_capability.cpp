@@ -142,13 +142,26 @@ bool cpu_has_amx_bf16() {
   return (edx >> 22 & 1) && (edx >> 24 & 1);
 }
 
-bool amx_convolution_enabled() {
-  static const bool enabled = [] {
-    const char* env = std::getenv("FUEL_AMX");
-    if (env && std::string(env) == "0") return false;
-    return cpu_has_amx_bf16() && at::native::cpublas::could_pack(at::kBFloat16);
+// AVX512_BF16 (CPUID leaf 7 subleaf 1, EAX bit 5): vdpbf16ps, the bfloat16 pair dot product that
+// oneDNN's brgemm runs on where there is no tile unit (AMD Zen 4 and 5, Intel Cooper Lake).
+bool cpu_has_avx512_bf16() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx)) return false;
+  return eax >> 5 & 1;
+}
+
+// The unit is fixed per process (the CPU, and FUEL_BF16_BRGEMM read once); torch's mkldnn switch
+// is checked per call, as torch's brgemm checks it: with mkldnn off, a bfloat16 brgemm in the
+// paired (VNNI) layout raises instead of falling back.
+Bf16Unit bfloat16_brgemm_unit() {
+  static const Bf16Unit unit = [] {
+    const char* env = std::getenv("FUEL_BF16_BRGEMM");
+    if (env && std::string(env) == "0") return Bf16Unit::none;
+    if (cpu_has_amx_bf16() && at::native::cpublas::could_pack(at::kBFloat16)) return Bf16Unit::tiles;
+    return cpu_has_avx512_bf16() ? Bf16Unit::dot_products : Bf16Unit::none;
   }();
-  return enabled && capability() == Capability::AVX512;
+  const bool usable = capability() == Capability::AVX512 && at::globalContext().userEnabledMkldnn();
+  return usable ? unit : Bf16Unit::none;
 }
 
 // torch's float32 brgemm runs oneDNN's kernel only while torch's mkldnn switch is on (otherwise it
@@ -176,15 +189,21 @@ PathCounts& path_counts() {
 void bind_cpu_capability(pybind11::module_& m) {
   m.def("path_counts", [] {
     const PathCounts& c = path_counts();
-    return std::map<std::string, int64_t>{{"amx_images", c.amx_images.load()},
+    return std::map<std::string, int64_t>{{"bfloat16_brgemm_images", c.bfloat16_brgemm_images.load()},
                                           {"float_brgemm_images", c.float_brgemm_images.load()},
                                           {"patch_brgemm_images", c.patch_brgemm_images.load()},
                                           {"wide_brgemm_calls", c.wide_brgemm_calls.load()}};
-  }, "How many images the bfloat16 AMX and float32 per-tap brgemm paths, and how many calls the wide-kernel "
-     "brgemm path, have computed since import.");
-  m.def("amx_convolution", &amx_convolution_enabled,
-        "Whether bfloat16 convolutions run on AMX tiles: this CPU has AMX-BF16, torch's brgemm can use it, the "
-        "kernels run at AVX512 and FUEL_AMX is not 0.");
+  }, "How many images the bfloat16 and float32 per-tap brgemm paths and the patch path, and how many calls the "
+     "wide-kernel brgemm path, have computed since import.");
+  m.def("bfloat16_brgemm", [] {
+    switch (bfloat16_brgemm_unit()) {
+      case Bf16Unit::tiles: return std::string("AMX");
+      case Bf16Unit::dot_products: return std::string("AVX512_BF16");
+      default: return std::string();
+    }
+  }, "The unit bfloat16 convolutions run on through torch's brgemm: AMX (the tile unit), AVX512_BF16 (vdpbf16ps "
+     "dot products), or empty: neither in this CPU, kernels below AVX512, torch.backends.mkldnn off, or "
+     "FUEL_BF16_BRGEMM=0.");
   m.def("float_brgemm", &float_brgemm_enabled,
         "Whether float32 weight-gradient-shaped convolutions run on torch's brgemm (oneDNN): kernels above DEFAULT, "
         "torch.backends.mkldnn enabled and FUEL_BRGEMM is not 0.");

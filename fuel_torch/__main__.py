@@ -19,7 +19,7 @@ def capability_line() -> str:
     return (f"CPU: {cpu_model()}; fuel kernels at {fuel_torch.cpu_capability()} (this CPU supports "
             f"{', '.join(fuel_torch.capability.supported_capabilities())}; built: "
             f"{', '.join(fuel_torch.capability.built_capabilities())}; FUEL_CPU_CAPABILITY forces one); bfloat16 "
-            f"convolutions on AMX: {'yes' if fuel_torch.amx_convolution() else 'no'} (FUEL_AMX=0 turns it off); float32 "
+            f"convolutions on brgemm: {fuel_torch.bfloat16_brgemm() or 'no'} (FUEL_BF16_BRGEMM=0 turns it off); float32 "
             f"convolutions on brgemm: {'yes' if fuel_torch.float_brgemm() else 'no'} (FUEL_BRGEMM=0 "
             f"turns it off); whole patches per brgemm: {'yes' if fuel_torch.patch_brgemm() else 'no'} "
             "(FUEL_PATCH=0 turns it off)")

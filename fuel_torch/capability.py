@@ -18,11 +18,20 @@ def cpu_capability() -> str:
     return _C.cpu_capability()
 
 
+def bfloat16_brgemm() -> str | None:
+    """The unit bfloat16 convolutions run on through torch's brgemm (oneDNN), or None where they run
+    on the chassis: "AMX" (the tile unit: the CPU has AMX-BF16 and torch's brgemm can use it) or
+    "AVX512_BF16" (vdpbf16ps dot products: AMD Zen 4 and 5, Intel Cooper Lake). Both flush
+    subnormals, so calls take either only image by image where the exponent rule keeps every sum
+    normal (contracts/convolution.fkc.md, Arithmetic). None where the kernels run below AVX512,
+    torch.backends.mkldnn is off (checked per call, as torch checks it) or the environment variable
+    FUEL_BF16_BRGEMM is "0" (read once, at the first convolution)."""
+    return _C.bfloat16_brgemm() or None
+
+
 def amx_convolution() -> bool:
-    """Whether bfloat16 convolutions run on the AMX tile unit: the CPU has AMX-BF16, torch's brgemm
-    can use it, the kernels run at AVX512, and the environment variable FUEL_AMX is not "0" (set it
-    to 0 to compute them on the chassis instead; read once, at the first convolution)."""
-    return bool(_C.amx_convolution())
+    """Whether bfloat16 convolutions run on the AMX tile unit: bfloat16_brgemm() == "AMX"."""
+    return bfloat16_brgemm() == "AMX"
 
 
 def float_brgemm() -> bool:
@@ -31,7 +40,7 @@ def float_brgemm() -> bool:
     at the AVX512 level those with at least 16 channels per group in and out (one brgemm per
     spatial tap). On when the kernels run above DEFAULT, torch.backends.mkldnn is enabled (checked
     per call, as torch checks it) and the environment variable FUEL_BRGEMM is not "0" (read once).
-    bfloat16 takes the AMX tile unit on the same shapes where amx_convolution() is on."""
+    bfloat16 takes the same shapes where bfloat16_brgemm() names a unit."""
     return bool(_C.float_brgemm())
 
 
@@ -39,7 +48,8 @@ def patch_brgemm() -> bool:
     """Whether the brgemm convolutions with a kernel larger than 1x1 and at least 16 output channels
     per group reduce over whole patches (csrc/convolution/patch_brgemm.h) rather than one tap at a
     time: the environment variable FUEL_PATCH is not "0" (read per call). It applies where
-    float_brgemm() (float32, at AVX512) or amx_convolution() (bfloat16) is on."""
+    float_brgemm() (float32) is on or bfloat16_brgemm() (bfloat16) names a unit; bfloat16 on the
+    tile unit takes any output channel count."""
     return bool(_C.patch_brgemm())
 
 

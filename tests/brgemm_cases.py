@@ -17,7 +17,7 @@ def brgemm_serves(dtype) -> bool:
     """Whether the brgemm paths take calls of this dtype here (bfloat16: images whose operands pass
     the exponent rule)."""
     if dtype == torch.bfloat16:
-        return fuel_torch.amx_convolution()
+        return fuel_torch.bfloat16_brgemm() is not None
     return fuel_torch.float_brgemm() and fuel_torch.cpu_capability() in ("AVX2", "AVX512")
 
 
@@ -45,7 +45,7 @@ def scaled_operands(x_shape, w_shape, x_scale: float, w_scale: float, bias_value
     return x.bfloat16(), w.bfloat16(), None if b is None else b.bfloat16()
 
 
-# Operands the tile unit would flush to zero (x_scale, w_scale, bias_value).
+# Operands the bfloat16 units (AMX tiles, vdpbf16ps) would flush to zero (x_scale, w_scale, bias_value).
 FLUSH_CASES = [
     pytest.param(2.0**-130, 2.0**8, None, id="subnormal inputs"),
     pytest.param(2.0**4, 2.0**-132, None, id="subnormal weights"),
@@ -55,7 +55,7 @@ FLUSH_CASES = [
 
 
 def check_flushed_operands_keep_their_value(x, w, b, geometry):
-    """The tile unit would return zero for these; the contract's sums do not."""
+    """The bfloat16 units would return zero for these; the contract's sums do not."""
     ours = fuel_torch.conv2d(x, w, b, **geometry)
     exact, _ = fuel_torch.convolution.float64_reference("conv2d", x, w, b, **geometry)
     assert (exact.abs() > 0).all() and (ours.double().abs() > 0).all()
@@ -68,7 +68,7 @@ def check_a_failing_image_is_computed_alone(x, w, b, geometry):
     for i in range(x.shape[0]):
         assert reference.bit_equal(whole[i:i + 1], fuel_torch.conv2d(x[i:i + 1].clone(), w, b, **geometry)), i
     check_values("conv2d", whole, x, w, b, geometry)
-    assert (whole[1].double().abs() > 0).all()  # the tile unit would have read image 1 as zeros
+    assert (whole[1].double().abs() > 0).all()  # the bfloat16 unit would have read image 1 as zeros
 
 
 def check_deterministic(op, x, w, b, geometry):

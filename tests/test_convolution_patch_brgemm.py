@@ -1,11 +1,11 @@
 """One brgemm per block of output positions over whole patches (csrc/convolution/patch_brgemm.h).
 
 Where the per-tap brgemm path (tap_brgemm.h) would run, and for the few-channel calls it does not
-take (a 3-channel stem), bfloat16 (on AMX) and float32 (oneDNN's kernel, at the AVX2 and AVX512 levels)
-convolutions with at least 16 output channels per group and a kernel larger than 1x1 stage the
-input once with the channels innermost and reduce each output over its whole patch: in place on
-the staged rows where every tap steps by 1 (a stride-1 conv2d, a transposed conv's phases), through
-a copied patch elsewhere (strides, dilation). Here:
+take (a 3-channel stem), bfloat16 (on AMX or AVX512_BF16) and float32 (oneDNN's kernel, at the AVX2
+and AVX512 levels) convolutions with at least 16 output channels per group (bfloat16 on AMX: any)
+and a kernel larger than 1x1 stage the input once with the channels innermost and reduce each
+output over its whole patch: in place on the staged rows where every tap steps by 1 (a stride-1
+conv2d, a transposed conv's phases), through a copied patch elsewhere (strides, dilation). Here:
 
 - values against the float64 reference with the contract's claim of each dtype (test_convolution's
   check_values; float32 also against twice torch's error), over geometries that reach both modes
@@ -13,12 +13,12 @@ a copied patch elsewhere (strides, dilation). Here:
   bfloat16 pad channel), output channels past one 64-channel block, float32 runs past one
   256-term chunk, conv_transpose2d phases with output_padding, channels_last operands, no bias;
   and that the path served them (fuel_torch._C.path_counts());
-- the exponent rule of the AMX path: operands the tile unit would flush keep their values, image
-  by image;
+- the exponent rule of the bfloat16 units: operands they would flush keep their values, image by
+  image;
 - determinism: the same bits on every call, for every thread count, and per image as if alone;
 - FUEL_PATCH=0 (read per call) and a staging copy past its budget hand the call to the other paths.
 
-On a CPU without AMX (or at the DEFAULT level for float32) the same tests check the same claims on
+On a CPU without a bfloat16 unit (or at the DEFAULT level for float32) the same tests check the same claims on
 whichever path serves the call.
 """
 from __future__ import annotations
@@ -61,7 +61,9 @@ def test_values_within_the_contract(case, dtype, x_format):
     check_case(case, dtype, x_format, patch_images, seed=case[2] * case[3] + 1)
 
 
-# Fewer than 16 output channels per group: bfloat16 takes the path, float32 the chassis.
+# Fewer than 16 output channels per group: bfloat16 on the tile unit takes the path; float32 and
+# bfloat16 on AVX512_BF16 dot products (1.7x slower than the chassis on a 3-channel stem transpose
+# on a Zen 5) take the chassis.
 FEW_CHANNEL_CASES = [
     ("conv_transpose2d", 2, 64, 3, 1, (7, 7), (9, 8), {"stride": 2, "padding": 3, "output_padding": 1}, True),
     ("conv2d", 2, 16, 5, 1, (3, 3), (11, 10), {"padding": 1}, True),
@@ -73,13 +75,13 @@ FEW_CHANNEL_CASES = [
 @pytest.mark.parametrize("x_format", FORMATS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("case", FEW_CHANNEL_CASES, ids=lambda c: f"{c[0]}-{c[2]}x{c[3]}-g{c[4]}-{c[5]}")
-def test_few_output_channels_take_the_path_in_bfloat16_only(case, dtype, x_format):
+def test_few_output_channels_take_the_path_on_the_tile_unit_only(case, dtype, x_format):
     op, n, cin, cout, groups, kernel, spatial, geometry, bias = case
     x, w, b = operands(op, n, cin, cout, groups, kernel, spatial, bias, dtype, torch.Generator().manual_seed(cout))
     x = x.contiguous(memory_format=FORMATS[x_format])
     before = patch_images()
     ours = API[op](x, w, b, **geometry)
-    served = dtype == torch.bfloat16 and brgemm_serves(dtype)
+    served = dtype == torch.bfloat16 and fuel_torch.bfloat16_brgemm() == "AMX"
     assert patch_images() - before == (n if served else 0)
     check_values(op, ours.contiguous(), x.contiguous(), w, b, geometry)
 
@@ -127,7 +129,7 @@ def scaled_stem(x_scale: float, w_scale: float, bias_value: float | None):
 
 
 @pytest.mark.parametrize("x_scale,w_scale,bias_value", FLUSH_CASES)
-def test_operands_the_tile_unit_would_flush_keep_their_value(x_scale, w_scale, bias_value):
+def test_operands_the_bfloat16_unit_would_flush_keep_their_value(x_scale, w_scale, bias_value):
     before = patch_images()
     check_flushed_operands_keep_their_value(*scaled_stem(x_scale, w_scale, bias_value), STEM)
     assert patch_images() == before  # no image passes the rule
@@ -138,7 +140,7 @@ def test_an_image_that_fails_the_rule_leaves_the_others_on_the_path():
     x[1] = x[1] * 2.0**-130  # subnormal in bfloat16; its products with the weights are normal
     before = patch_images()
     fuel_torch.conv2d(x, w, b, **STEM)
-    assert patch_images() - before == (1 if fuel_torch.amx_convolution() else 0)
+    assert patch_images() - before == (1 if brgemm_serves(torch.bfloat16) else 0)
     check_a_failing_image_is_computed_alone(x, w, b, STEM)
 
 

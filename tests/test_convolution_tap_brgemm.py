@@ -1,8 +1,9 @@
-"""One brgemm per spatial tap (csrc/convolution/tap_brgemm.h): bfloat16 on AMX, float32 on oneDNN.
+"""One brgemm per spatial tap (csrc/convolution/tap_brgemm.h): bfloat16 on AMX or AVX512_BF16,
+float32 on oneDNN.
 
-Where the CPU has AMX-BF16 (and torch's brgemm can use it), bfloat16 convolutions with at least 16
-input and 16 output channels per group run on the tile unit. The tile unit treats subnormal inputs
-as zero and flushes subnormal results, so the path is taken only for images whose operands keep
+Where the CPU has AMX-BF16 (and torch's brgemm can use it) or AVX512_BF16, bfloat16 convolutions
+with at least 16 input and 16 output channels per group run on that unit (fuel_torch.bfloat16_brgemm()).
+Both units treat subnormal inputs as zero and flush subnormal results, so the path is taken only for images whose operands keep
 every partial sum normal (the exponent rule in tap_brgemm.h); the others go to the chassis. float32
 convolutions of the same channel counts run on oneDNN's kernel where fuel_torch.float_brgemm() is on
 (at the AVX2 and AVX512 levels). Here:
@@ -13,16 +14,16 @@ convolutions of the same channel counts run on oneDNN's kernel where fuel_torch.
   output channels past one 64-channel task, channels past one 256-channel chunk, a 1x1 conv read
   in place, channels_last operands, no bias; and that the path served them
   (fuel_torch._C.path_counts());
-- the exponent rule: operands the tile unit would flush (subnormal inputs, weights or biases, and
+- the exponent rule: operands the unit would flush (subnormal inputs, weights or biases, and
   products or sums below float32's normal range) give the chassis's exact results, image by image;
 - determinism: the same bits on every call, for every thread count, and per image as if alone;
-- the same suite with FUEL_AMX=0 and FUEL_BRGEMM=0 (the chassis) in a child process, and the
-  switch itself.
+- the same suite with FUEL_BF16_BRGEMM=0 and FUEL_BRGEMM=0 (the chassis) in a child process, the
+  switch itself, and torch's mkldnn switch turned off (the chassis, read per call).
 
 Every test here runs with FUEL_PATCH=0: most of these calls would otherwise take the patch path
 (test_convolution_patch_brgemm.py), which is tested on the same claims there.
 
-On a CPU without AMX (or a level without the float32 path) those tests run on the chassis and check
+On a CPU without either unit (or a level without the float32 path) those tests run on the chassis and check
 the same claims.
 """
 from __future__ import annotations
@@ -40,7 +41,7 @@ from fuel_torch import reference
 
 from brgemm_cases import (FLUSH_CASES, FORMATS, check_a_failing_image_is_computed_alone, check_case, check_deterministic,
                           check_flushed_operands_keep_their_value, scaled_operands)
-from test_convolution import assert_file_passes_in_child, operands
+from test_convolution import assert_file_passes_in_child, check_values, operands
 
 TESTS = Path(__file__).parent
 
@@ -58,18 +59,40 @@ def cpu_flags() -> set[str]:
     return set()
 
 
-def test_the_switch_follows_the_cpu_and_fuel_amx():
-    # torch's brgemm must be able to use the tile unit too; on every CPU with AMX it can.
-    available = {"amx_bf16", "amx_tile"} <= cpu_flags() and fuel_torch.cpu_capability() == "AVX512"
-    assert fuel_torch.amx_convolution() is (available and os.environ.get("FUEL_AMX") != "0")
-    code = "import fuel_torch; print(fuel_torch.amx_convolution())"
-    for setting, want in (("0", False), ("1", available)):
-        env = {**os.environ, "FUEL_AMX": setting}
+def bfloat16_unit_of_this_cpu() -> str | None:
+    """The unit the CPU offers torch's bfloat16 brgemm at the AVX512 level: the tile unit first (on
+    every CPU with AMX torch's brgemm can use it), else AVX512_BF16 dot products."""
+    if fuel_torch.cpu_capability() != "AVX512":
+        return None
+    if {"amx_bf16", "amx_tile"} <= cpu_flags():
+        return "AMX"
+    return "AVX512_BF16" if "avx512_bf16" in cpu_flags() else None
+
+
+def test_the_switch_follows_the_cpu_and_fuel_bf16_brgemm():
+    available = bfloat16_unit_of_this_cpu()
+    assert fuel_torch.bfloat16_brgemm() == (available if os.environ.get("FUEL_BF16_BRGEMM") != "0" else None)
+    assert fuel_torch.amx_convolution() is (fuel_torch.bfloat16_brgemm() == "AMX")
+    code = "import fuel_torch; print(fuel_torch.bfloat16_brgemm())"
+    for setting, want in (("0", None), ("1", available)):
+        env = {**os.environ, "FUEL_BF16_BRGEMM": setting}
         # From tests/: the repository root would import the source folder, not the installed package.
         result = subprocess.run([sys.executable, "-c", code], env=env, cwd=TESTS, capture_output=True, text=True,
                                 timeout=120)
         assert result.returncode == 0, result.stderr
         assert result.stdout.split() == [str(want)]
+
+
+def test_mkldnn_off_leaves_bfloat16_to_the_chassis():
+    # torch's bfloat16 brgemm raises in the paired layout while mkldnn is off: the switch is read per
+    # call, and the call gets the chassis's bits, as with FUEL_BF16_BRGEMM=0.
+    x, w, b = operands("conv2d", 2, 32, 32, 1, (3, 3), (9, 9), True, torch.bfloat16, torch.Generator().manual_seed(5))
+    before = served_images()
+    with torch.backends.mkldnn.flags(enabled=False):
+        assert fuel_torch.bfloat16_brgemm() is None
+        off = fuel_torch.conv2d(x, w, b, padding=1)
+    assert served_images() == before
+    check_values("conv2d", off, x, w, b, {"padding": 1})
 
 
 # (op, n, cin, cout, groups, kernel, spatial, geometry, bias)
@@ -90,7 +113,7 @@ CASES = [
 ]
 def served_images() -> int:
     counts = fuel_torch._C.path_counts()
-    return counts["amx_images"] + counts["float_brgemm_images"]
+    return counts["bfloat16_brgemm_images"] + counts["float_brgemm_images"]
 
 
 @pytest.mark.parametrize("x_format", FORMATS)
@@ -113,7 +136,7 @@ def scaled_case(x_scale: float, w_scale: float, bias_value: float | None):
 
 
 @pytest.mark.parametrize("x_scale,w_scale,bias_value", FLUSH_CASES)
-def test_operands_the_tile_unit_would_flush_keep_their_value(x_scale, w_scale, bias_value):
+def test_operands_the_bfloat16_unit_would_flush_keep_their_value(x_scale, w_scale, bias_value):
     check_flushed_operands_keep_their_value(*scaled_case(x_scale, w_scale, bias_value), {"padding": 1})
 
 
@@ -133,4 +156,4 @@ def test_deterministic_across_calls_threads_and_batches(op, dtype):
 
 def test_the_suite_passes_on_the_chassis_too():
     assert_file_passes_in_child(TESTS / "test_convolution_tap_brgemm.py", "the_suite_passes_on_the_chassis",
-                                FUEL_AMX="0", FUEL_BRGEMM="0")
+                                FUEL_BF16_BRGEMM="0", FUEL_BRGEMM="0")

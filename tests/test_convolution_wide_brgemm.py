@@ -3,9 +3,9 @@
 autograd computes a conv2d weight gradient as a conv2d whose images are the input channels, whose
 kernel is the output gradient (long rows) and whose few outputs are the kernel's taps. Where
 fuel_torch.float_brgemm() is on, float32 calls of that shape (ungrouped, dilation 1, >= 16 images
-and output channels) run as one brgemm per output position; bfloat16 ones run on the AMX tile unit
-where fuel_torch.amx_convolution() is on and the whole call's exponents keep every partial sum
-normal (the rule of tap_brgemm.h). Here:
+and output channels) run as one brgemm per output position; bfloat16 ones run on the unit
+fuel_torch.bfloat16_brgemm() names (AMX tiles or AVX512_BF16 dot products) where the whole call's
+exponents keep every partial sum normal (the rule of tap_brgemm.h). Here:
 
 - values against the float64 reference with the contract's claims (test_convolution's
   check_values), over geometries that reach each part of the path: a stride, asymmetric padding,
@@ -13,11 +13,11 @@ normal (the rule of tap_brgemm.h). Here:
   of 16, a bias, channels_last operands; float32 also within 2x torch's error on long reductions
   with a non-zero mean;
 - that those calls are the ones the path served (fuel_torch._C.path_counts()), and that operands
-  the tile unit would flush are not (their results keep their value);
+  the bfloat16 unit would flush are not (their results keep their value);
 - a weight gradient through autograd within the contract's bound;
 - determinism across calls and thread counts;
 - the switch (FUEL_BRGEMM, torch.backends.mkldnn) and the whole file again with FUEL_BRGEMM=0 and
-  FUEL_AMX=0 (the portable wide-kernel path) in a child process.
+  FUEL_BF16_BRGEMM=0 (the portable wide-kernel path) in a child process.
 
 On a CPU or level without the path every test checks the same claims on the portable path.
 """
@@ -52,7 +52,7 @@ FORMATS = {"contiguous": torch.contiguous_format, "channels_last": torch.channel
 
 def path_serves(dtype) -> bool:
     """Whether calls of the path's shape with ordinary operands take it here."""
-    return fuel_torch.float_brgemm() if dtype == torch.float32 else fuel_torch.amx_convolution()
+    return fuel_torch.float_brgemm() if dtype == torch.float32 else fuel_torch.bfloat16_brgemm() is not None
 
 
 def served_calls() -> int:
@@ -103,12 +103,12 @@ def scaled_case(x_scale: float, w_scale: float):
     pytest.param(2.0**4, 2.0**-132, False, id="subnormal weights"),
     pytest.param(2.0**-70, 2.0**-62, False, id="products below float32's normal range"),
 ])
-def test_operands_the_tile_unit_would_flush_leave_the_path(x_scale, w_scale, served):
-    """The tile unit would return zero for the last three; the contract's sums do not."""
+def test_operands_the_bfloat16_unit_would_flush_leave_the_path(x_scale, w_scale, served):
+    """The tile unit and vdpbf16ps would return zero for the last three; the contract's sums do not."""
     x, w = scaled_case(x_scale, w_scale)
     before = served_calls()
     ours = fuel_torch.conv2d(x, w, None, padding=1)
-    assert served_calls() - before == int(served and fuel_torch.amx_convolution())
+    assert served_calls() - before == int(served and fuel_torch.bfloat16_brgemm() is not None)
     exact, _ = convolution.float64_reference("conv2d", x, w, None, padding=1)
     assert (exact.abs() > 0).all() and (ours.double().abs() > 0).all()
     check_values("conv2d", ours, x, w, None, {"padding": 1})
@@ -206,4 +206,4 @@ def test_the_switch_follows_the_level_mkldnn_and_fuel_brgemm():
 
 def test_the_suite_passes_on_the_portable_path_too():
     assert_file_passes_in_child(TESTS / "test_convolution_wide_brgemm.py", "the_suite_passes_on_the_portable_path",
-                                FUEL_AMX="0", FUEL_BRGEMM="0")
+                                FUEL_BF16_BRGEMM="0", FUEL_BRGEMM="0")

@@ -22,14 +22,21 @@ struct ConvolutionKernels {
   std::array<WideBrgemmKernel, 4> wide_brgemm_if_served;  // the same order
 };
 
+// Where torch's brgemm runs bfloat16 for us (cpu_capability.cpp): the AMX tile unit, AVX512_BF16
+// dot products (vdpbf16ps), or nowhere (FUEL_BF16_BRGEMM=0, kernels below AVX512, mkldnn off).
+// Both units multiply bfloat16 pairs exactly, add in float32 to nearest even, and flush subnormal
+// inputs and results alike, so one exponent rule (tap_brgemm.h) serves both.
+enum class Bf16Unit { none, dot_products, tiles };
+Bf16Unit bfloat16_brgemm_unit();
+
 // What the brgemm paths have served since import (fuel_torch._C.path_counts()): which path a call
 // takes depends on the CPU, torch's switches and, for the tile unit, the operands' exponents, and
 // the tests check that the path they mean to test is the one that ran.
 struct PathCounts {
-  std::atomic<int64_t> amx_images{0};           // images convolved on the tile unit (tap_brgemm.h)
-  std::atomic<int64_t> float_brgemm_images{0};  // float32 images convolved by tap (tap_brgemm.h)
-  std::atomic<int64_t> patch_brgemm_images{0};  // images convolved by patch (patch_brgemm.h), either dtype
-  std::atomic<int64_t> wide_brgemm_calls{0};    // wide-kernel calls on brgemm (wide_brgemm.h)
+  std::atomic<int64_t> bfloat16_brgemm_images{0};  // bfloat16 images on brgemm (tap and patch paths)
+  std::atomic<int64_t> float_brgemm_images{0};     // float32 images convolved by tap (tap_brgemm.h)
+  std::atomic<int64_t> patch_brgemm_images{0};     // images convolved by patch (patch_brgemm.h), either dtype
+  std::atomic<int64_t> wide_brgemm_calls{0};       // wide-kernel calls on brgemm (wide_brgemm.h)
 };
 PathCounts& path_counts();
 

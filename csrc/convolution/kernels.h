@@ -57,8 +57,8 @@ void convolve_on_chassis(const Problem& p, const scalar_t* x, const Layout& xl, 
   convolve_chassis<scalar_t>(p, plan, x, xl, w_rows, bias_acc.data(), out, ol);
 }
 
-// The brgemm paths where one serves (bfloat16 on AMX, image by image where it computes the
-// contract's sums; float32 on oneDNN's kernel): per block of positions over whole patches
+// The brgemm paths where one serves (bfloat16 on AMX or AVX512_BF16, image by image where it
+// computes the contract's sums; float32 on oneDNN's kernel): per block of positions over whole patches
 // (patch_brgemm.h) where that serves, else one brgemm per tap (tap_brgemm.h). The chassis for every
 // other call and every image a brgemm path leaves.
 template <typename scalar_t>

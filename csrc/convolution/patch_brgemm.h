@@ -1,6 +1,6 @@
 // One brgemm per block of output positions over each position's whole receptive field (its patch,
-// an im2col row), through torch's brgemm (ATen/native/CPUBlas.h): bfloat16 on the AMX tile unit,
-// float32 on the kernel oneDNN generates for the CPU (AVX2 or AVX-512).
+// an im2col row), through torch's brgemm (ATen/native/CPUBlas.h): bfloat16 on the AMX tile unit or
+// AVX512_BF16 dot products, float32 on the kernel oneDNN generates for the CPU (AVX2 or AVX-512).
 //
 // tap_brgemm.h reduces over one tap's channels per brgemm and adds the taps in C. Where a group has
 // few channels (a 3-channel stem, 16-channel groups) or the taps are spread (dilation), each of
@@ -17,8 +17,8 @@
 //
 // Summation order, fixed by the geometry alone: each output starts at its bias, then K in the order
 // (tap row, tap column, channel) over the taps that reach its phase, each axis's taps sorted by
-// input offset. bfloat16: the tile unit adds the exact products of its chunks of 32 channel pairs in
-// float32, to nearest even; the exponent rule of tap_brgemm.h keeps every operand and partial sum
+// input offset. bfloat16: the unit (tiles or dot products) adds the exact products of its chunks of
+// 32 channel pairs in float32, to nearest even; the exponent rule of tap_brgemm.h keeps every operand and partial sum
 // normal, checked image by image (an image that fails is left to the caller). float32: chunks of
 // at most kPatchChunk terms (a copied patch's K, or an in-place run, cut every kPatchChunk terms),
 // each summed by oneDNN's kernel from zero (one fused multiply-add chain per output, in K order)
@@ -164,16 +164,18 @@ struct PatchPlan {
 
 // The plan where this path serves the call, else nullopt. It serves a dtype the brgemm paths take
 // (tap_brgemm.h), not depthwise (the caller's), every phase reached by some tap, at least one input
-// channel (none: the bias alone, the chassis's), and staging within its budget. float32 needs a
-// tile's worth of output channels per group (below that the chassis was 2.5x faster on a 3-channel
-// stem transpose); bfloat16 takes any count: with 13 of 16 tile columns empty the tile unit was
-// still 15-20% faster than the chassis there. A 1x1 kernel's patch is one tap: tap_brgemm.h
+// channel (none: the bias alone, the chassis's), and staging within its budget. A call needs a
+// vector's worth of output channels per group (below that the chassis was 2.5x faster on a
+// 3-channel float32 stem transpose, and 1.7x on the bfloat16 one with AVX512_BF16 dot products on a
+// Zen 5), but for bfloat16 on the tile unit: with 13 of 16 tile columns empty it was still 15-20%
+// faster than the chassis there. A 1x1 kernel's patch is one tap: tap_brgemm.h
 // computes it as the same single brgemm without the staged copy (in place, for an NCHW stride-1
 // input).
 template <typename scalar_t>
 std::optional<PatchPlan> patch_plan(const Problem& p, const Axis& ax_h, const Axis& ax_w) {
   if (!patch_brgemm_allowed() || p.Kh * p.Kw == 1 || p.Cin == 0) return std::nullopt;
-  if (!std::is_same_v<scalar_t, at::BFloat16> && p.Cout / p.groups < 16) return std::nullopt;
+  const bool on_tiles = std::is_same_v<scalar_t, at::BFloat16> && bfloat16_brgemm_unit() == Bf16Unit::tiles;
+  if (!on_tiles && p.Cout / p.groups < 16) return std::nullopt;
   PatchPlan plan;
   if (!brgemm_dtype_enabled<scalar_t>() || !patch_staging<scalar_t>(p, ax_h, ax_w, plan.st)) return std::nullopt;
   plan.phases = patch_phases(ax_h, ax_w, plan.st);
@@ -457,7 +459,7 @@ std::vector<char> stage_patch_images(const Problem& p, const PatchStaging& st, c
     ImageExponents seen(p.N);
     stage_input<scalar_t>(p, st, x, xl, staged, &seen);
     for (int64_t n = 0; n < p.N; ++n) done[n] = !seen.sub[n].load() && sums_stay_normal(seen.low[n].load(), ew, eb);
-    path_counts().amx_images += std::count(done.begin(), done.end(), 1);
+    path_counts().bfloat16_brgemm_images += std::count(done.begin(), done.end(), 1);
   } else {
     stage_input<scalar_t>(p, st, x, xl, staged, nullptr);
     path_counts().float_brgemm_images += p.N;
@@ -548,7 +550,7 @@ struct PatchCall {
   }
 
   // C += A[:, 0, K) B[0, K), in chunks of at most kPatchChunk terms: brgemm sums each chunk from
-  // zero and adds it to C (bfloat16: chunks of 32 pairs inside the tile unit as well).
+  // zero and adds it to C (bfloat16: chunks of 32 pairs inside the unit as well).
   void accumulate(float* c, int64_t rows, int64_t cols, int64_t K, const scalar_t* a, int64_t lda, const scalar_t* b,
                   int64_t ldb) const {
     const int64_t chunk = paired ? K : kPatchChunk;

@@ -1,6 +1,6 @@
 // One brgemm per spatial tap, on the planar path's geometry, through torch's brgemm (oneDNN's
-// ukernel, ATen/native/CPUBlas.h): bfloat16 convolutions on Intel's AMX tile unit, and float32 ones
-// on oneDNN's AVX-512 kernel.
+// ukernel, ATen/native/CPUBlas.h): bfloat16 convolutions on Intel's AMX tile unit or on AVX512_BF16
+// dot products (vdpbf16ps: AMD Zen 4 and 5), and float32 ones on oneDNN's AVX2 or AVX-512 kernel.
 //
 // The input is copied once into the planar path's zero-padded planes (split by stride residue, so
 // every tap steps by 1); for bfloat16 as channel pairs side by side, the VNNI layout in which the
@@ -14,9 +14,9 @@
 // order (for a given CPU), into C, in chunks of kTapChunk channels where there are more (each chunk
 // from zero, then added to C); no operand needs a rule.
 //
-// bfloat16 arithmetic. The tile unit multiplies bfloat16 pairs exactly and adds them in float32, to
-// nearest even, but it treats subnormal inputs as zero and flushes subnormal results (its DAZ and
-// FTZ cannot be turned off). Where neither can happen its sums are the float32 sums the contract
+// bfloat16 arithmetic. The tile unit and vdpbf16ps alike multiply bfloat16 pairs exactly and add
+// them in float32, to nearest even, but treat subnormal inputs as zero and flush subnormal results
+// (their DAZ and FTZ cannot be turned off). Where neither can happen its sums are the float32 sums the contract
 // bounds: every operand normal or zero, and every partial sum zero or normal, which holds when the
 // smallest product and the bias are multiples of 2^-126 (a nonzero bf16 is a multiple of 2^(e - 7),
 // a product of 2^(ex + ew - 14); every partial sum, exact or rounded to float32, stays a multiple
@@ -24,8 +24,8 @@
 // no operand is subnormal, ex_min + ew_min >= -112 and eb_min >= -119 (biased: Ex + Ew >= 142,
 // Eb >= 8), checked per image while the planes are filled; an image that fails is computed by the
 // chassis alone, which gives it the bits it would get convolved on its own. The order of each sum
-// is fixed by the geometry: bias, then the taps in order, each tap's channels as the tile unit adds
-// its 32-channel chunks; no thread count or task split changes it.
+// is fixed by the geometry: bias, then the taps in order, each tap's channels as the unit adds its
+// 32-channel chunks (in oneDNN's fixed order for the CPU); no thread count or task split changes it.
 #pragma once
 
 #include <ATen/native/CPUBlas.h>
@@ -38,10 +38,6 @@
 #include "planar.h"
 
 namespace fuel {
-
-// Whether this CPU and torch build run bfloat16 convolutions on AMX (cpu_capability.cpp): AMX-BF16
-// in the CPU, torch's brgemm able to use it, and FUEL_AMX not "0".
-bool amx_convolution_enabled();
 
 // Whether float32 brgemm reaches oneDNN's kernels (cpu_capability.cpp): mkldnn enabled in torch,
 // FUEL_BRGEMM not "0", a level with AVX2.
@@ -66,7 +62,7 @@ inline T* reused_planes(int64_t count) {
 }
 
 // The dtypes the brgemm paths take at this level: float32 (oneDNN's kernel) at AVX2 and AVX512,
-// bfloat16 (AMX) at AVX512. The exponent scans below have AVX-512 bodies and portable ones, so
+// bfloat16 (AMX or AVX512_BF16) at AVX512. The exponent scans below have AVX-512 bodies and portable ones, so
 // that AVX2 builds them too.
 template <typename scalar_t>
 constexpr bool kBrgemmDtype = std::is_same_v<scalar_t, float>
@@ -286,13 +282,13 @@ TapWeights<T> pack_tap_weights(const Problem& p, const Axis& ax_h, const Axis& a
 }
 
 // Whether the brgemm paths of this level (this file and patch_brgemm.h) may take a call of this
-// dtype: bfloat16 where AMX is on, float32 where brgemm reaches oneDNN.
+// dtype: bfloat16 where a bfloat16 unit is on, float32 where brgemm reaches oneDNN.
 template <typename scalar_t>
 bool brgemm_dtype_enabled() {
   if constexpr (!kBrgemmDtype<scalar_t>) {
     return false;
   } else if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
-    return amx_convolution_enabled();
+    return bfloat16_brgemm_unit() != Bf16Unit::none;
   } else {
     return float_brgemm_enabled();
   }
@@ -331,7 +327,7 @@ inline TapPlanes<at::BFloat16> tap_planes(const Problem& p, const PaddedPlanes& 
   std::vector<char> subnormal;
   fill_pair_planes(p, pl, pp, x, xl, planes, emin, subnormal);
   for (int64_t n = 0; n < p.N; ++n) tp.done[n] = !subnormal[n] && sums_stay_normal(emin[n], tw.emin, eb);
-  path_counts().amx_images += std::count(tp.done.begin(), tp.done.end(), 1);
+  path_counts().bfloat16_brgemm_images += std::count(tp.done.begin(), tp.done.end(), 1);
   tp.data = reinterpret_cast<const at::BFloat16*>(planes);
   tp.image = pp.image, tp.group = pp.pairs * pp.ld_b * 2, tp.ld_b = pp.ld_b, tp.residue = pl.size * 2;
   tp.per_position = 2;

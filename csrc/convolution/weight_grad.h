@@ -11,7 +11,7 @@ namespace fuel {
 // dilation - padding] for an ungrouped conv2d, computed by the wide brgemm path (wide_brgemm.h) with the images
 // and channels swapped through the strides, where that path serves it: no transposed copies of x and grad_out.
 // nullopt where it does not (other dtypes and shapes, tensor subclasses and fake tensors, operands that fail
-// the AMX exponent rule), and the caller computes it as a conv2d.
+// the bfloat16 exponent rule), and the caller computes it as a conv2d.
 std::optional<at::Tensor> weight_grad_on_brgemm(const at::Tensor& x, const at::Tensor& grad_out, int64_t kh, int64_t kw,
                                                 at::IntArrayRef stride, at::IntArrayRef padding,
                                                 at::IntArrayRef dilation);

@@ -1,6 +1,6 @@
 // The wide-kernel problem (a weight gradient's shape, see wide_kernel.h) as one GEMM per output
 // position, on torch's brgemm (oneDNN's ukernel, ATen/native/CPUBlas.h): float32 on AVX2 and
-// AVX-512, bfloat16 on the AMX tile unit.
+// AVX-512, bfloat16 on the AMX tile unit or AVX512_BF16 dot products.
 //
 // In a weight gradient, conv2d's "images" are the real input channels b, its "channels" the real
 // images c, its "kernel" the output gradient and its few outputs the real kernel taps. Every output
@@ -170,7 +170,7 @@ inline void scan_dense(const at::BFloat16* data, int64_t n, int& emin, bool& sub
 }  // namespace wide_brgemm_detail
 
 // Whether this path serves a wide-kernel call: float32 where brgemm reaches oneDNN, bfloat16 where
-// the AMX path is on and the operands keep its sums exact (checked here, over the whole call);
+// a bfloat16 unit is on and the operands keep its sums exact (checked here, over the whole call);
 // ungrouped, dilation 1 (a weight gradient of a stride-1 conv), channels enough to fill a tile and
 // buffers within the budget.
 template <typename scalar_t>
@@ -193,7 +193,7 @@ bool wide_brgemm_serves(const Problem& p, const ConvOperands& o) {
     return float_brgemm_enabled();
   } else {
 #if defined(CPU_CAPABILITY_AVX512)
-    if (!amx_convolution_enabled()) return false;
+    if (bfloat16_brgemm_unit() == Bf16Unit::none) return false;
     int ex = kSmallestEx, ew = kSmallestEx, eb = kSmallestEx;
     bool subnormal = false;
     scan_dense(static_cast<const at::BFloat16*>(o.x), p.N * p.Cin * p.H * p.W, ex, subnormal);
