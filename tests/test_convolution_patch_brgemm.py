@@ -94,6 +94,31 @@ def test_channels_last_weight_gives_the_same_bits(dtype):
     assert reference.bit_equal(ours.contiguous(), fuel_torch.conv2d(x, w, b, padding=1))
 
 
+# NCHW outputs at unit column steps are turned round and rounded 16 x 16 in registers; channels_last
+# ones round C's rows as they are. Pieces of rows (23 and 11 columns), channel tiles cut short (40
+# output channels), rows back to back (the stem) and a NaN's rounding must agree.
+UNIT_STEP_CASES = [
+    ("conv2d", 2, 32, 40, 1, (3, 3), (9, 23), {"padding": 1}, True),  # in place
+    ("conv2d", 2, 3, 32, 1, (7, 7), (22, 22), {"stride": 2, "padding": 3}, True),  # copied, rows back to back
+    ("conv2d", 1, 24, 48, 1, (3, 3), (12, 11), {"padding": 2, "dilation": 2}, False),  # copied, 11-column rows
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("case", UNIT_STEP_CASES, ids=lambda c: f"{c[2]}x{c[3]}-{c[5]}-{c[6]}-{c[7]}")
+def test_nchw_outputs_have_the_bits_of_channels_last_ones(case, dtype):
+    op, n, cin, cout, groups, kernel, spatial, geometry, bias = case
+    x, w, b = operands(op, n, cin, cout, groups, kernel, spatial, bias, dtype, torch.Generator().manual_seed(cout))
+    x[0, 0, 1, 2] = float("nan")
+    before = patch_images()
+    nchw = API[op](x, w, b, **geometry)
+    nhwc = API[op](x.contiguous(memory_format=torch.channels_last), w, b, **geometry)
+    assert patch_images() - before == (2 * n if brgemm_serves(dtype) else 0)
+    assert nchw.is_contiguous() and nhwc.is_contiguous(memory_format=torch.channels_last)
+    assert nchw.isnan().any()
+    assert reference.bit_equal(nchw, nhwc.contiguous())
+
+
 # Transposed convs of stride 2 along the rows: float32 NCHW outputs store the two column phases
 # together (whole 16-position segments interleaved, the rest phase by phase).
 COLUMN_PAIR_CASES = [

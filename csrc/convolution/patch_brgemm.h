@@ -305,14 +305,17 @@ std::vector<scalar_t> pack_patch_weights(const Problem& p, std::vector<PatchPhas
 // anywhere in a block and its tile reads 16 rows from there (C is allocated with them).
 constexpr int64_t kTileSlackRows = 16;
 
-// float32 at unit column steps (NCHW): C's positions taken output row by output row, up to 16 at
-// a time, each piece turned round by 16 x 16 transposes, a whole one straight into the output, a
-// shorter one (a row's end: 28 columns are 16 + 12) through `turned` in whole vectors. Pieces of 16
-// taken from the block's start instead straddle output rows (28-column rows: half of them), and
-// stored element by element they took 9% of a grouped conv's time on a Zen 3.
-inline void store_float_rows(const float* c, float* turned, const PatchBlock& blk, int64_t rows, int64_t cols,
-                             int64_t m0, int64_t pitch, const Phase& ph, const Phase& pw, const Axis& ax_h,
-                             float* out_nc, const Layout& ol) {
+// float32 or bfloat16 at unit column steps (NCHW): C's positions taken output row by output row,
+// up to 16 at a time, each piece turned round by 16 x 16 transposes (bfloat16: rounded in the same
+// registers), a whole one straight into the output, a shorter one (a row's end: 28 columns are
+// 16 + 12) through `turned` in whole vectors. Pieces of 16 taken from the block's start instead
+// straddle output rows (28-column rows: half of them), and stored element by element they took 9%
+// of a grouped conv's time on a Zen 3; bfloat16 turned round through `turned` and narrowed 16
+// positions at a time took 28% of a ResNet 3x3's on a Zen 5.
+template <typename scalar_t>
+void store_unit_step_rows(const float* c, float* turned, const PatchBlock& blk, int64_t rows, int64_t cols, int64_t m0,
+                          int64_t pitch, const Phase& ph, const Phase& pw, const Axis& ax_h, scalar_t* out_nc,
+                          const Layout& ol) {
   // Where grid rows lie back to back in the output (a conv2d's copied patches into a contiguous
   // plane: the stem), consecutive positions are consecutive output elements and a piece need not
   // stop at a row's end: split there, a 56-column stem's rows were 16 + 16 + 16 + 8 and every other
@@ -326,7 +329,7 @@ inline void store_float_rows(const float* c, float* turned, const PatchBlock& bl
     }
     const int64_t piece_end = back_to_back ? rows : std::min(rows, m + pw.count - jw);
     const int64_t span = std::min<int64_t>(16, piece_end - m);
-    float* row = out_nc + (ph.r + ax_h.out_step * jh) * ol.h + pw.r + jw;
+    scalar_t* row = out_nc + (ph.r + ax_h.out_step * jh) * ol.h + pw.r + jw;
     for (int64_t co = 0; co < cols; co += 16) {
       const float* tile = c + m * blk.ldc + co;
       const int64_t channels = std::min<int64_t>(16, cols - co);
@@ -335,14 +338,14 @@ inline void store_float_rows(const float* c, float* turned, const PatchBlock& bl
         continue;
       }
       transpose_tile(tile, blk.ldc, turned, int64_t(16));
-      for (int64_t ch = 0; ch < channels; ++ch) copy_run(turned + ch * 16, row + (co + ch) * ol.c, span);
+      for (int64_t ch = 0; ch < channels; ++ch) narrow<scalar_t>(turned + ch * 16, row + (co + ch) * ol.c, span);
     }
     m += span;
   }
 }
 
-// C's block [rows][cols] (at blk.ldc) into the output: channels_last rows as they are, float32 at
-// unit column steps by store_float_rows, other layouts turned round 16 positions at a time so that
+// C's block [rows][cols] (at blk.ldc) into the output: channels_last rows as they are, unit column
+// steps by store_unit_step_rows, other layouts turned round 16 positions at a time so that
 // each channel's positions are one run, through `turned` ([cols][16]). Positions m0 + m are grid
 // positions jh * pitch + jw; those with jw >= pw.count are dropped.
 template <typename scalar_t>
@@ -361,9 +364,7 @@ void store_patch_block(const float* c, float* turned, const PatchBlock& blk, int
     return;
   }
   const int64_t step = ax_w.out_step * ol.w;
-  if constexpr (std::is_same_v<scalar_t, float>) {
-    if (step == 1) return store_float_rows(c, turned, blk, rows, cols, m0, pitch, ph, pw, ax_h, out_nc, ol);
-  }
+  if (step == 1) return store_unit_step_rows<scalar_t>(c, turned, blk, rows, cols, m0, pitch, ph, pw, ax_h, out_nc, ol);
   for (int64_t m = 0; m < rows; m += 16) {
     const int64_t segment = std::min<int64_t>(16, rows - m);
     for (int64_t co = 0; co < cols; co += 16) transpose_tile(c + m * blk.ldc + co, blk.ldc, turned + co * 16, int64_t(16));

@@ -34,12 +34,15 @@ inline void transpose16(__m512i r[16]) {
   }
 }
 
-// dst[j * ldd + i] = src[i * lds + j] for a 16 x 16 tile of float or bfloat16.
-template <typename scalar_t>
-inline void transpose_tile(const scalar_t* src, int64_t lds, scalar_t* dst, int64_t ldd) {
+// dst[j * ldd + i] = src[i * lds + j] for a 16 x 16 tile of float or bfloat16, or from float into
+// bfloat16, each element rounded to nearest even by ATen's own rounding (what narrow() in
+// kernel_common.h applies), so a tile stored either way has the same bits.
+template <typename in_t, typename out_t>
+inline void transpose_tile(const in_t* src, int64_t lds, out_t* dst, int64_t ldd) {
+  static_assert(std::is_same_v<in_t, out_t> || (std::is_same_v<in_t, float> && std::is_same_v<out_t, at::BFloat16>));
   __m512i r[16];
   for (int i = 0; i < 16; ++i) {
-    if constexpr (sizeof(scalar_t) == 4) {
+    if constexpr (sizeof(in_t) == 4) {
       r[i] = _mm512_loadu_si512(src + i * lds);
     } else {
       r[i] = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i * lds)));
@@ -47,10 +50,12 @@ inline void transpose_tile(const scalar_t* src, int64_t lds, scalar_t* dst, int6
   }
   transpose16(r);
   for (int j = 0; j < 16; ++j) {
-    if constexpr (sizeof(scalar_t) == 4) {
+    if constexpr (sizeof(out_t) == 4) {
       _mm512_storeu_si512(dst + j * ldd, r[j]);
     } else {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + j * ldd), _mm512_cvtepi32_epi16(r[j]));
+      const __m256i narrowed = sizeof(in_t) == 4 ? at::vec::cvtfp32_bf16(_mm512_castsi512_ps(r[j]))
+                                                 : _mm512_cvtepi32_epi16(r[j]);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + j * ldd), narrowed);
     }
   }
 }
@@ -76,9 +81,10 @@ inline void transpose8(__m256 r[8]) {
 
 // dst[j * ldd + i] = src[i * lds + j] for a 16 x 16 tile of float, as four 8 x 8 transposes (the
 // float32 brgemm paths; bfloat16 takes them only at AVX512, where AMX can serve it).
-template <typename scalar_t>
-inline void transpose_tile(const scalar_t* src, int64_t lds, scalar_t* dst, int64_t ldd) {
-  static_assert(std::is_same_v<scalar_t, float>, "below AVX512 the brgemm paths take float32 only");
+template <typename in_t, typename out_t>
+inline void transpose_tile(const in_t* src, int64_t lds, out_t* dst, int64_t ldd) {
+  static_assert(std::is_same_v<in_t, float> && std::is_same_v<out_t, float>,
+                "below AVX512 the brgemm paths take float32 only");
   for (int bi = 0; bi < 16; bi += 8) {
     for (int bj = 0; bj < 16; bj += 8) {
       __m256 r[8];
