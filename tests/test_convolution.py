@@ -594,7 +594,8 @@ def test_contiguize_policy(op):
 
 # ---------------------------------------------------------------------------------------------
 # channels_last: accepted natively (contract flag `channels_last: accepted`); the result has the
-# layout torch's convolution returns for the same call and the bits of the contiguous call.
+# layout torch's convolution returns for the same call and the bits of the contiguous call, a NaN's
+# included (c10's scalar bfloat16 conversion and ATen's vectors give a NaN different bits).
 
 FORMATS = {"contiguous": torch.contiguous_format, "channels_last": torch.channels_last}
 LAYOUT_CASES = [
@@ -613,7 +614,9 @@ def test_channels_last_operands(case, dtype, x_format, w_format):
     op, n, cin, cout, groups, kernel, spatial, geometry = case
     generator = torch.Generator().manual_seed(12)
     x, w, b = operands(op, n, cin, cout, groups, kernel, spatial, True, dtype, generator)
+    x.view(-1)[x.numel() // 3] = float("nan")
     expected = API[op](x, w, b, **geometry)
+    assert expected.isnan().any()
     xl, wl = x.contiguous(memory_format=FORMATS[x_format]), w.contiguous(memory_format=FORMATS[w_format])
     for call in (getattr(torch.ops.fuel, op), API[op]):
         ours = call(xl, wl, b, **geometry)

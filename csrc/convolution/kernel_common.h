@@ -109,13 +109,22 @@ inline void narrow(const acc_t* src, scalar_t* dst, int64_t n) {
 }
 
 // n accumulated values into an output row whose elements are `stride` apart (1: NCHW; the channel
-// count: NHWC). Strided elements round one by one, to the same nearest-even result.
+// count: NHWC). Strided elements are narrowed by the same vector code, a piece at a time, then
+// scattered: c10's scalar conversion rounds alike but makes a bfloat16 NaN 0x7fc0 where ATen's
+// vectors make it 0xffff, and an output's bits must not depend on its layout.
 template <typename scalar_t, typename acc_t = acc_type<scalar_t>>
 inline void store_row(const acc_t* src, scalar_t* dst, int64_t stride, int64_t n) {
-  if (stride == 1) {
-    narrow<scalar_t>(src, dst, n);
-  } else {
-    for (int64_t i = 0; i < n; ++i) dst[i * stride] = static_cast<scalar_t>(src[i]);
+  if (stride == 1) return narrow<scalar_t>(src, dst, n);
+  if constexpr (!is_half<scalar_t>) {
+    for (int64_t i = 0; i < n; ++i) dst[i * stride] = src[i];
+    return;
+  }
+  constexpr int64_t kPiece = 64;
+  scalar_t piece[kPiece];
+  for (int64_t i0 = 0; i0 < n; i0 += kPiece) {
+    const int64_t count = std::min(kPiece, n - i0);
+    narrow<scalar_t>(src + i0, piece, count);
+    for (int64_t i = 0; i < count; ++i) dst[(i0 + i) * stride] = piece[i];
   }
 }
 

@@ -378,51 +378,60 @@ void store_patch_block(const float* c, float* turned, const PatchBlock& blk, int
 }
 
 // A transposed conv's two column phases (stride 2 along the row, residues 0 and 1), in place, of an
-// NCHW float32 output: a task computes both phases' C for the same grid positions, and 16 positions
-// of one output row from each are 32 adjacent columns, written as whole vectors. Stored phase by
-// phase, each writes every other column one element at a time (a fifth of a k4/s2 upsampling's
-// time on a Zen 3). Returns the indices of the residue-0 and residue-1 phases where that holds.
+// NCHW output: a task computes both phases' C for the same grid positions, and 16 positions of one
+// output row from each are 32 adjacent columns, written as whole vectors. Stored phase by phase,
+// each writes every other column one element at a time (a fifth of a k4/s2 upsampling's time in
+// float32 on a Zen 3; in bfloat16, each rounded on its own, as long as the brgemms on a Zen 5).
+// Returns the indices of the residue-0 and residue-1 phases where that holds.
 template <typename scalar_t>
 std::optional<std::pair<int64_t, int64_t>> paired_column_phases(const Axis& ax_w, bool in_place, const Layout& ol) {
-  if (!std::is_same_v<scalar_t, float> || !in_place || ol.w != 1 || ax_w.out_step != 2 || ax_w.phases.size() != 2) {
-    return std::nullopt;
-  }
+  if (!in_place || ol.w != 1 || ax_w.out_step != 2 || ax_w.phases.size() != 2) return std::nullopt;
   const int64_t even = ax_w.phases[0].r == 0 ? 0 : 1;
   if (ax_w.phases[even].r != 0 || ax_w.phases[1 - even].r != 1) return std::nullopt;
   return std::pair<int64_t, int64_t>{even, 1 - even};
 }
 
-// dst[2t] = even[t], dst[2t + 1] = odd[t]: one output row's columns from its two column phases.
+// dst[2t] = even[t], dst[2t + 1] = odd[t] for t below evens and odds: one output row's columns from
+// its two column phases, narrowed as narrow() narrows (the tail through `tail`, so that every
+// element takes the same rounding). The residue-0 phase holds ceil(W / 2) columns of a row and the
+// residue-1 phase floor(W / 2), so evens - odds is 0 or 1 and the tail is one run.
+template <typename scalar_t>
 inline void interleave_columns(const float* even, const float* odd, int64_t pairs, int64_t evens, int64_t odds,
-                               float* dst) {
+                               scalar_t* dst) {
   using Vec = Vectorized<float>;
   constexpr int64_t V = Vec::size();
   int64_t t = 0;
   for (; t + V <= pairs; t += V) {
     const auto [lo, hi] = at::vec::interleave2<float>(Vec::loadu(even + t), Vec::loadu(odd + t));
-    lo.store(dst + 2 * t);
-    hi.store(dst + 2 * t + V);
+    if constexpr (std::is_same_v<scalar_t, float>) {
+      lo.store(dst + 2 * t);
+      hi.store(dst + 2 * t + V);
+    } else {
+      at::vec::convert_from_float<scalar_t>(lo, hi).store(dst + 2 * t);
+    }
   }
-  for (int64_t e = t; e < evens; ++e) dst[2 * e] = even[e];
-  for (int64_t o = t; o < odds; ++o) dst[2 * o + 1] = odd[o];
+  float tail[2 * V + 2];
+  for (int64_t e = t; e < evens; ++e) tail[2 * (e - t)] = even[e];
+  for (int64_t o = t; o < odds; ++o) tail[2 * (o - t) + 1] = odd[o];
+  narrow<scalar_t>(tail, dst + 2 * t, evens + odds - 2 * t);
 }
 
 // The two column phases' C blocks (the same grid positions, `pitch` apart per grid row) into the
 // output: each 16-position segment of both turned round, then each output row's piece of it
 // written as interleaved vectors. A segment the phases do not share (the last block of phases of
 // different lengths) goes phase by phase (store_patch_block).
-inline void store_column_pair(const float* c_even, const float* c_odd, float* turned, const PatchBlock& blk,
-                              int64_t rows_even, int64_t rows_odd, int64_t cols, int64_t m0, int64_t pitch,
-                              const Phase& ph, const Phase& pw_even, const Phase& pw_odd, const Axis& ax_h,
-                              const Axis& ax_w, float* out_nc, const Layout& ol) {
+template <typename scalar_t>
+void store_column_pair(const float* c_even, const float* c_odd, float* turned, const PatchBlock& blk, int64_t rows_even,
+                       int64_t rows_odd, int64_t cols, int64_t m0, int64_t pitch, const Phase& ph, const Phase& pw_even,
+                       const Phase& pw_odd, const Axis& ax_h, const Axis& ax_w, scalar_t* out_nc, const Layout& ol) {
   float* const turned_odd = turned + 16 * 16;
   for (int64_t m = 0; m < std::max(rows_even, rows_odd); m += 16) {
     const int64_t segment = std::clamp<int64_t>(rows_even - m, 0, 16);
     if (segment != std::clamp<int64_t>(rows_odd - m, 0, 16)) {
       for (const auto& [c, rows, pw] : {std::tuple{c_even, rows_even, &pw_even}, std::tuple{c_odd, rows_odd, &pw_odd}}) {
         if (rows > m) {
-          store_patch_block<float>(c + m * blk.ldc, turned, blk, std::min<int64_t>(16, rows - m), cols, m0 + m, pitch,
-                                   ph, *pw, ax_h, ax_w, out_nc, ol);
+          store_patch_block<scalar_t>(c + m * blk.ldc, turned, blk, std::min<int64_t>(16, rows - m), cols, m0 + m,
+                                      pitch, ph, *pw, ax_h, ax_w, out_nc, ol);
         }
       }
       continue;
@@ -434,7 +443,7 @@ inline void store_column_pair(const float* c_even, const float* c_odd, float* tu
         const int64_t jh = (m0 + m + s) / pitch, jw = (m0 + m + s) % pitch, span = std::min(segment - s, pitch - jw);
         const int64_t evens = std::clamp<int64_t>(pw_even.count - jw, 0, span);
         const int64_t odds = std::clamp<int64_t>(pw_odd.count - jw, 0, span);
-        float* row = out_nc + (ph.r + ax_h.out_step * jh) * ol.h + 2 * jw;
+        scalar_t* row = out_nc + (ph.r + ax_h.out_step * jh) * ol.h + 2 * jw;
         for (int64_t ch = 0; ch < std::min<int64_t>(16, cols - co); ++ch) {
           interleave_columns(turned + ch * 16 + s, turned_odd + ch * 16 + s, std::min(evens, odds), evens, odds,
                              row + (co + ch) * ol.c);
@@ -594,16 +603,14 @@ struct PatchCall {
     for (int64_t co0 = 0; co0 < Cout_g; co0 += blk.ldc) {
       const int64_t cols = std::min(blk.ldc, Cout_g - co0);
       if (rows_first > 0) compute(pp_first, g, image, buf.a.get(), m0, rows_first, co0, cols, buf.c.data());
-      if constexpr (std::is_same_v<scalar_t, float>) {
-        if (column_pair) {
-          if (rows_second > 0) {
-            compute(plan.phases[i * n_pw() + j_second], g, image, nullptr, m0, rows_second, co0, cols, buf.c_odd.data());
-          }
-          store_column_pair(buf.c.data(), buf.c_odd.data(), buf.turned.data(), blk, rows_first, rows_second, cols, m0,
-                            pitch(j_first), ph, ax_w.phases[j_first], ax_w.phases[j_second], ax_h, ax_w,
-                            out_group + co0 * ol.c, ol);
-          continue;
+      if (column_pair) {
+        if (rows_second > 0) {
+          compute(plan.phases[i * n_pw() + j_second], g, image, nullptr, m0, rows_second, co0, cols, buf.c_odd.data());
         }
+        store_column_pair<scalar_t>(buf.c.data(), buf.c_odd.data(), buf.turned.data(), blk, rows_first, rows_second,
+                                    cols, m0, pitch(j_first), ph, ax_w.phases[j_first], ax_w.phases[j_second], ax_h,
+                                    ax_w, out_group + co0 * ol.c, ol);
+        continue;
       }
       store_patch_block<scalar_t>(buf.c.data(), buf.turned.data(), blk, rows_first, cols, m0, pitch(j_first), ph,
                                   ax_w.phases[j_first], ax_h, ax_w, out_group + co0 * ol.c, ol);
