@@ -49,7 +49,9 @@ MODEL = textwrap.dedent("""
 """)
 
 WORKER = MODEL + textwrap.dedent("""
+    import os
     import sys
+    import time
     from datetime import timedelta
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -62,10 +64,19 @@ WORKER = MODEL + textwrap.dedent("""
     local = batch(batch_size).chunk(world)[rank].clone()  # a chunk is an offset view: fuel ops take none
     loss(model, local).backward()
     torch.save({name: p.grad for name, p in model.module.named_parameters()}, out)
-    # Both ranks reach here before either tears down: a rank whose peer already closed its gloo pair
-    # can abort in teardown ("terminate called without an active exception", 1 run in 4 on a Zen 5).
+    # Teardown in lockstep: a rank whose peer already closed its gloo pair, or whose gloo and store
+    # threads were still joinable when the interpreter's exit destroyed them, could abort ("terminate
+    # called without an active exception": 1 run in 4 on a Zen 5, and once with a barrier alone, under
+    # load). Both ranks destroy their process group before either exits, and exit without running
+    # destructors; the gradients are on disk by then.
     dist.barrier()
     dist.destroy_process_group()
+    store.add("destroyed", 1)
+    deadline = time.monotonic() + 60
+    while store.add("destroyed", 0) < world and time.monotonic() < deadline:
+        time.sleep(0.01)
+    sys.stdout.flush()
+    os._exit(0 if store.add("destroyed", 0) == world else 3)
 """)
 
 
