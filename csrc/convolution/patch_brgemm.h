@@ -392,28 +392,27 @@ std::optional<std::pair<int64_t, int64_t>> paired_column_phases(const Axis& ax_w
 }
 
 // dst[2t] = even[t], dst[2t + 1] = odd[t] for t below evens and odds: one output row's columns from
-// its two column phases, narrowed as narrow() narrows (the tail through `tail`, so that every
-// element takes the same rounding). The residue-0 phase holds ceil(W / 2) columns of a row and the
-// residue-1 phase floor(W / 2), so evens - odds is 0 or 1 and the tail is one run.
+// its two column phases, narrowed as narrow() narrows. The residue-0 phase holds ceil(W / 2) columns
+// of a row and the residue-1 phase floor(W / 2), so evens - odds is 0 or 1 and a row's piece is the
+// first evens + odds interleaved elements, its short end under masks: pieces of 16 positions cut at
+// grid rows' ends are mostly short (a 28-column phase's rows go 16 + 12, 4 + 16 + 8, ...): element
+// by element, the store took a third of a bfloat16 k4/s2 upsampling's time on a Zen 5, masked a
+// sixth (0.92 -> 0.73 ms at 1 thread; float32 1.50 -> 1.42 ms).
 template <typename scalar_t>
-inline void interleave_columns(const float* even, const float* odd, int64_t pairs, int64_t evens, int64_t odds,
-                               scalar_t* dst) {
+inline void interleave_columns(const float* even, const float* odd, int64_t evens, int64_t odds, scalar_t* dst) {
   using Vec = Vectorized<float>;
   constexpr int64_t V = Vec::size();
-  int64_t t = 0;
-  for (; t + V <= pairs; t += V) {
-    const auto [lo, hi] = at::vec::interleave2<float>(Vec::loadu(even + t), Vec::loadu(odd + t));
+  for (int64_t t = 0; t < evens; t += V) {
+    const int64_t n_even = std::min(V, evens - t), n_odd = std::clamp<int64_t>(odds - t, 0, V);
+    const auto [lo, hi] = at::vec::interleave2<float>(Vec::loadu(even + t, n_even), Vec::loadu(odd + t, n_odd));
+    const int64_t n = n_even + n_odd;
     if constexpr (std::is_same_v<scalar_t, float>) {
-      lo.store(dst + 2 * t);
-      hi.store(dst + 2 * t + V);
+      lo.store(dst + 2 * t, std::min(n, V));
+      if (n > V) hi.store(dst + 2 * t + V, n - V);
     } else {
-      at::vec::convert_from_float<scalar_t>(lo, hi).store(dst + 2 * t);
+      at::vec::convert_from_float<scalar_t>(lo, hi).store(dst + 2 * t, n);
     }
   }
-  float tail[2 * V + 2];
-  for (int64_t e = t; e < evens; ++e) tail[2 * (e - t)] = even[e];
-  for (int64_t o = t; o < odds; ++o) tail[2 * (o - t) + 1] = odd[o];
-  narrow<scalar_t>(tail, dst + 2 * t, evens + odds - 2 * t);
 }
 
 // The two column phases' C blocks (the same grid positions, `pitch` apart per grid row) into the
@@ -445,8 +444,7 @@ void store_column_pair(const float* c_even, const float* c_odd, float* turned, c
         const int64_t odds = std::clamp<int64_t>(pw_odd.count - jw, 0, span);
         scalar_t* row = out_nc + (ph.r + ax_h.out_step * jh) * ol.h + 2 * jw;
         for (int64_t ch = 0; ch < std::min<int64_t>(16, cols - co); ++ch) {
-          interleave_columns(turned + ch * 16 + s, turned_odd + ch * 16 + s, std::min(evens, odds), evens, odds,
-                             row + (co + ch) * ol.c);
+          interleave_columns(turned + ch * 16 + s, turned_odd + ch * 16 + s, evens, odds, row + (co + ch) * ol.c);
         }
         s += span;
       }
