@@ -36,13 +36,16 @@ inline void transpose16(__m512i r[16]) {
 
 // dst[j * ldd + i] = src[i * lds + j] for a 16 x 16 tile of float or bfloat16, or from float into
 // bfloat16, each element rounded to nearest even by ATen's own rounding (what narrow() in
-// kernel_common.h applies), so a tile stored either way has the same bits.
+// kernel_common.h applies), so a tile stored either way has the same bits. Rows of src from
+// src_rows on are read as zeros. dst's rows are stored whole, in order.
 template <typename in_t, typename out_t>
-inline void transpose_tile(const in_t* src, int64_t lds, out_t* dst, int64_t ldd) {
+inline void transpose_tile(const in_t* src, int64_t lds, out_t* dst, int64_t ldd, int64_t src_rows = 16) {
   static_assert(std::is_same_v<in_t, out_t> || (std::is_same_v<in_t, float> && std::is_same_v<out_t, at::BFloat16>));
   __m512i r[16];
   for (int i = 0; i < 16; ++i) {
-    if constexpr (sizeof(in_t) == 4) {
+    if (i >= src_rows) {
+      r[i] = _mm512_setzero_si512();
+    } else if constexpr (sizeof(in_t) == 4) {
       r[i] = _mm512_loadu_si512(src + i * lds);
     } else {
       r[i] = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i * lds)));
