@@ -150,9 +150,24 @@ bool cpu_has_avx512_bf16() {
   return eax >> 5 & 1;
 }
 
-// The unit is fixed per process (the CPU, and FUEL_BF16_BRGEMM read once); torch's mkldnn switch
-// is checked per call, as torch's brgemm checks it: with mkldnn off, a bfloat16 brgemm in the
-// paired (VNNI) layout raises instead of falling back.
+// Whether torch's brgemm takes bfloat16 in the paired (VNNI) layout: it raises where oneDNN runs
+// below AVX-512 (ONEDNN_MAX_CPU_ISA can hold it there on any CPU). One 1 x 16 x 2 product says.
+bool paired_brgemm_runs() {
+  const std::vector<at::BFloat16> a(2, at::BFloat16(1.f)), b(32, at::BFloat16(1.f));
+  std::vector<float> c(16);
+  try {
+    at::native::cpublas::brgemm(1, 16, 2, 2, 16, 16, false, a.data(), b.data(), c.data(), true);
+    at::native::cpublas::brgemm_release(true);
+  } catch (const c10::Error&) {
+    return false;
+  }
+  return true;
+}
+
+// The unit is fixed per process (the CPU, FUEL_BF16_BRGEMM read once, and whether torch's brgemm
+// takes the paired layout, tried the first time it may); torch's mkldnn switch is checked per
+// call, as torch's brgemm checks it: with mkldnn off, a paired bfloat16 brgemm raises instead of
+// falling back.
 Bf16Unit bfloat16_brgemm_unit() {
   static const Bf16Unit unit = [] {
     const char* env = std::getenv("FUEL_BF16_BRGEMM");
@@ -160,8 +175,11 @@ Bf16Unit bfloat16_brgemm_unit() {
     if (cpu_has_amx_bf16() && at::native::cpublas::could_pack(at::kBFloat16)) return Bf16Unit::tiles;
     return cpu_has_avx512_bf16() ? Bf16Unit::dot_products : Bf16Unit::none;
   }();
-  const bool usable = capability() == Capability::AVX512 && at::globalContext().userEnabledMkldnn();
-  return usable ? unit : Bf16Unit::none;
+  if (unit == Bf16Unit::none || capability() != Capability::AVX512 || !at::globalContext().userEnabledMkldnn()) {
+    return Bf16Unit::none;
+  }
+  static const bool runs = paired_brgemm_runs();
+  return runs ? unit : Bf16Unit::none;
 }
 
 // torch's float32 brgemm runs oneDNN's kernel only while torch's mkldnn switch is on (otherwise it

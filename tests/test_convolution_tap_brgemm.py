@@ -18,7 +18,8 @@ convolutions of the same channel counts run on oneDNN's kernel where fuel_torch.
   products or sums below float32's normal range) give the chassis's exact results, image by image;
 - determinism: the same bits on every call, for every thread count, and per image as if alone;
 - the same suite with FUEL_BF16_BRGEMM=0 and FUEL_BRGEMM=0 (the chassis) in a child process, the
-  switch itself, and torch's mkldnn switch turned off (the chassis, read per call).
+  switch itself, torch's mkldnn switch turned off (the chassis, read per call) and oneDNN held
+  below AVX-512 (the chassis: torch's brgemm then refuses the paired layout).
 
 Every test here runs with FUEL_PATCH=0: most of these calls would otherwise take the patch path
 (test_convolution_patch_brgemm.py), which is tested on the same claims there.
@@ -81,6 +82,18 @@ def test_the_switch_follows_the_cpu_and_fuel_bf16_brgemm():
                                 timeout=120)
         assert result.returncode == 0, result.stderr
         assert result.stdout.split() == [str(want)]
+
+
+def test_onednn_held_below_avx512_leaves_bfloat16_to_the_chassis():
+    # With oneDNN held at AVX2 torch's brgemm refuses the paired bfloat16 layout on any CPU: the switch
+    # finds that out once, and the calls take the chassis instead of raising.
+    code = ("import torch, fuel_torch; x = torch.randn(2, 32, 9, 9).bfloat16(); w = torch.randn(32, 32, 3, 3).bfloat16(); "
+            "y = fuel_torch.conv2d(x, w, None, padding=1); print(fuel_torch.bfloat16_brgemm(), "
+            "fuel_torch._C.path_counts()['bfloat16_brgemm_images'], bool(y.isfinite().all()))")
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, cwd=TESTS, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["None", "0", "True"]
 
 
 def test_mkldnn_off_leaves_bfloat16_to_the_chassis():
