@@ -207,3 +207,17 @@ def test_the_switch_follows_the_level_mkldnn_and_fuel_brgemm():
 def test_the_suite_passes_on_the_portable_path_too():
     assert_file_passes_in_child(TESTS / "test_convolution_wide_brgemm.py", "the_suite_passes_on_the_portable_path",
                                 FUEL_BF16_BRGEMM="0", FUEL_BRGEMM="0")
+
+
+def test_each_chunk_is_summed_from_zero_and_then_added():
+    """The contract's order: the accumulator starts at the bias and each chunk's sum, from zero, is
+    added to it. With a bias of 2^24 and terms of 1, unpadded (each chunk of the laid-out kernel
+    holds an even count of ones), every chunk's sum and every addition is exact; a sum run on from
+    the bias would lose every term (2^24 + 1 rounds to 2^24)."""
+    x = torch.ones(16, 2, 18, 18)
+    w = torch.ones(16, 2, 16, 16)
+    bias = torch.full((16,), 2.0**24)
+    before = served_calls()
+    ours = fuel_torch.conv2d(x, w, bias)
+    assert served_calls() - before == int(fuel_torch.float_brgemm())
+    assert torch.equal(ours, torch.full_like(ours, 2.0**24 + 2 * 16 * 16))
