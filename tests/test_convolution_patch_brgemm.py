@@ -223,3 +223,19 @@ def test_a_staging_copy_past_its_budget_goes_elsewhere(dtype):
     ours = fuel_torch.conv2d(x, w, b, **geometry)
     assert patch_images() == before and ours.shape == (1, 16, 4, 4)
     check_values("conv2d", ours, x, w, b, geometry)
+
+
+@pytest.mark.parametrize("geometry", [{}, {"stride": 2}], ids=["in-place", "copied"])
+def test_float32_chunks_are_summed_from_zero_and_then_added(geometry):
+    """The contract's float32 order: the bias, then chunks of at most 64 terms, each summed from zero
+    and added. With a bias of 2^24 and 576 terms of 1 in chunks of 64, every chunk's sum and every
+    addition is exact; a sum run on from the bias would lose every term (2^24 + 1 rounds to 2^24).
+    Where the path does not serve, the chassis's order holds: its first block of 32 taps runs on
+    from the bias and loses its terms, the other blocks start at zero."""
+    x, w = torch.ones(2, 64, 9, 9), torch.ones(64, 64, 3, 3)
+    bias = torch.full((64,), 2.0**24)
+    before = patch_images()
+    ours = fuel_torch.conv2d(x, w, bias, **geometry)
+    served = brgemm_serves(torch.float32)
+    assert patch_images() - before == (2 if served else 0)
+    assert torch.equal(ours, torch.full_like(ours, 2.0**24 + 64 * 9 - (0 if served else 32)))
