@@ -16,11 +16,11 @@
 //
 // bfloat16 arithmetic. The tile unit and vdpbf16ps alike multiply bfloat16 pairs exactly and add
 // them in float32, to nearest even, but treat subnormal inputs as zero and flush subnormal results
-// (their DAZ and FTZ cannot be turned off). Where neither can happen its sums are the float32 sums the contract
-// bounds: every operand normal or zero, and every partial sum zero or normal, which holds when the
-// smallest product and the bias are multiples of 2^-126 (a nonzero bf16 is a multiple of 2^(e - 7),
-// a product of 2^(ex + ew - 14); every partial sum, exact or rounded to float32, stays a multiple
-// of the smallest such quantum). So the path runs only where, for every nonzero x, weight and bias,
+// (their DAZ and FTZ cannot be turned off). Where neither can happen their sums are the float32
+// sums the contract bounds: every operand normal or zero, and every partial sum zero or normal,
+// which holds when the smallest product and the bias are multiples of 2^-126 (a nonzero bf16 is a
+// multiple of 2^(e - 7), a product of 2^(ex + ew - 14); every partial sum, exact or rounded to
+// float32, stays a multiple of the smallest such quantum). So the path runs only where, for every nonzero x, weight and bias,
 // no operand is subnormal, ex_min + ew_min >= -112 and eb_min >= -119 (biased: Ex + Ew >= 142,
 // Eb >= 8), checked per image while the planes are filled; an image that fails is computed by the
 // chassis alone, which gives it the bits it would get convolved on its own. The order of each sum
