@@ -49,13 +49,22 @@ void widen_lines(const scalar_t* plane, const Layout& xl, const Problem& p, int6
   }
 }
 
-// NV output vectors of one output row, starting at column ow0; taps[t] is the offset of tap t's
+// Stores the first `valid` lanes of v at dst (all of them where valid >= the vector's size): a row
+// written in place ends inside its last vector (56 columns are three vectors and a half).
+template <typename acc_t>
+inline void store_valid(const Vectorized<acc_t>& v, acc_t* dst, int64_t valid) {
+  if (valid >= Vectorized<acc_t>::size()) return v.store(dst);
+  if (valid > 0) v.store(dst, static_cast<int>(valid));
+}
+
+// NV output vectors of one output row, starting at column ow0, of which the first `valid` columns
+// are stored; taps[t] is the offset of tap t's
 // run inside the task's lines, w[t] its weight (broadcast). The chassis order: see the file
 // comment. kTaps > 0 fixes the tap count at compile time (the common 3x3 and 5x5 kernels): the
 // loops unroll, the same operations in the same order.
 template <typename acc_t, int NV, int kTaps>
 inline void row_vectors(const acc_t* lines, const int64_t* taps, const Vectorized<acc_t>* w, int64_t runtime_taps,
-                        acc_t bias, int64_t ow0, acc_t* result) {
+                        acc_t bias, int64_t ow0, acc_t* result, int64_t valid) {
   using Vec = Vectorized<acc_t>;
   constexpr int64_t V = Vec::size();
   if constexpr (kTaps > 0 && kTaps <= kBlock) {
@@ -68,7 +77,7 @@ inline void row_vectors(const acc_t* lines, const int64_t* taps, const Vectorize
       const acc_t* run = lines + taps[t] + ow0;
       for (int v = 0; v < NV; ++v) acc[v] = at::vec::fmadd(w[t], Vec::loadu(run + v * V), acc[v]);
     }
-    for (int v = 0; v < NV; ++v) (Vec(acc_t(0)) + acc[v]).store(result + v * V);
+    for (int v = 0; v < NV; ++v) store_valid(Vec(acc_t(0)) + acc[v], result + v * V, valid - v * V);
     return;
   }
   const int64_t n_taps = kTaps > 0 ? kTaps : runtime_taps;
@@ -88,7 +97,7 @@ inline void row_vectors(const acc_t* lines, const int64_t* taps, const Vectorize
     }
     for (int v = 0; v < NV; ++v) total[v] = c0 == 0 ? chunk[v] : total[v] + chunk[v];
   }
-  for (int v = 0; v < NV; ++v) total[v].store(result + v * V);
+  for (int v = 0; v < NV; ++v) store_valid(total[v], result + v * V, valid - v * V);
 }
 
 // Two output rows, NV vectors of each from column ow0, for a kKh x kKw kernel whose rows step one
@@ -100,7 +109,7 @@ inline void row_vectors(const acc_t* lines, const int64_t* taps, const Vectorize
 // kBlock), so the bits are the same.
 template <typename acc_t, int NV, int kKh, int kKw>
 inline void row_pair_vectors(const acc_t* lines, const int64_t* taps, int64_t row_step, const Vectorized<acc_t>* w,
-                             acc_t bias, int64_t ow0, acc_t* upper, acc_t* lower) {
+                             acc_t bias, int64_t ow0, acc_t* upper, acc_t* lower, int64_t valid) {
   static_assert(kKh * kKw <= kBlock);
   using Vec = Vectorized<acc_t>;
   constexpr int64_t V = Vec::size();
@@ -120,8 +129,8 @@ inline void row_pair_vectors(const acc_t* lines, const int64_t* taps, int64_t ro
     }
   }
   for (int v = 0; v < NV; ++v) {
-    (Vec(acc_t(0)) + top[v]).store(upper + v * V);
-    (Vec(acc_t(0)) + bottom[v]).store(lower + v * V);
+    store_valid(Vec(acc_t(0)) + top[v], upper + v * V, valid - v * V);
+    store_valid(Vec(acc_t(0)) + bottom[v], lower + v * V, valid - v * V);
   }
 }
 
@@ -141,14 +150,14 @@ inline void with_count(int64_t count, F&& f) {
 constexpr int kChains = 8;
 template <typename acc_t, int kTaps>
 inline void output_row(const acc_t* row_lines, const int64_t* taps, const Vectorized<acc_t>* w, int64_t n_taps,
-                       acc_t bias, int64_t Wv, acc_t* row) {
+                       acc_t bias, int64_t Wv, int64_t valid, acc_t* row) {
   constexpr int64_t V = Vectorized<acc_t>::size();
   int64_t ow = 0;
   for (; ow + kChains * V <= Wv; ow += kChains * V) {
-    row_vectors<acc_t, kChains, kTaps>(row_lines, taps, w, n_taps, bias, ow, row + ow);
+    row_vectors<acc_t, kChains, kTaps>(row_lines, taps, w, n_taps, bias, ow, row + ow, valid - ow);
   }
   with_count<kChains - 1>((Wv - ow) / V, [&](auto chains) {
-    row_vectors<acc_t, decltype(chains)::value, kTaps>(row_lines, taps, w, n_taps, bias, ow, row + ow);
+    row_vectors<acc_t, decltype(chains)::value, kTaps>(row_lines, taps, w, n_taps, bias, ow, row + ow, valid - ow);
   });
 }
 
@@ -157,15 +166,17 @@ inline void output_row(const acc_t* row_lines, const int64_t* taps, const Vector
 constexpr int kPairChains = 4;
 template <typename acc_t, int kKh, int kKw>
 inline void output_row_pair(const acc_t* row_lines, const int64_t* taps, int64_t row_step,
-                            const Vectorized<acc_t>* w, acc_t bias, int64_t Wv, acc_t* upper, acc_t* lower) {
+                            const Vectorized<acc_t>* w, acc_t bias, int64_t Wv, int64_t valid, acc_t* upper,
+                            acc_t* lower) {
   constexpr int64_t V = Vectorized<acc_t>::size();
   int64_t ow = 0;
   for (; ow + kPairChains * V <= Wv; ow += kPairChains * V) {
-    row_pair_vectors<acc_t, kPairChains, kKh, kKw>(row_lines, taps, row_step, w, bias, ow, upper + ow, lower + ow);
+    row_pair_vectors<acc_t, kPairChains, kKh, kKw>(row_lines, taps, row_step, w, bias, ow, upper + ow, lower + ow,
+                                                   valid - ow);
   }
   with_count<kPairChains - 1>((Wv - ow) / V, [&](auto chains) {
     row_pair_vectors<acc_t, decltype(chains)::value, kKh, kKw>(row_lines, taps, row_step, w, bias, ow, upper + ow,
-                                                               lower + ow);
+                                                               lower + ow, valid - ow);
   });
 }
 
@@ -228,8 +239,10 @@ DepthwisePlan plan_depthwise(const Problem& p, const Layout& ol) {
     }
   }
   plan.row_step = sh * sw * plan.len;
-  // A float output row of whole vectors (NCHW) is written in place; others go through a buffer.
-  plan.rows_in_place = !is_half<scalar_t> && ol.w == 1 && plan.Wv == p.Wo;
+  // A float NCHW output row is written in place, its last vector under a mask where the row ends
+  // inside it (through a buffer, a 56-column row's copy took a fifth of a 4x128x56x56 call on a
+  // Zen 5); others go through a buffer.
+  plan.rows_in_place = !is_half<scalar_t> && ol.w == 1;
   return plan;
 }
 
@@ -296,13 +309,14 @@ void run_depthwise_task(const Problem& p, const DepthwisePlan& plan, const Depth
     if (!plan.rows_in_place) store_row<scalar_t>(buf.result.data() + slot * Wv, plane + oh * ol.h, ol.w, p.Wo);
   };
   const acc_t* lines = buf.lines.data();
+  const int64_t valid = plan.rows_in_place ? p.Wo : Wv;  // columns of a row stored by the chains
   int64_t oh = t.oh0;
   if constexpr (kKh > 0) {
     for (; sh == 1 && p.dilation[0] == 1 && oh + 1 < t.oh1; oh += 2) {
       buf.prefetch.step();
       buf.prefetch.step();
       output_row_pair<acc_t, kKh, kKw>(lines + (oh - t.oh0) * plan.row_step, plan.taps.data(), plan.row_step,
-                                       buf.weights.data(), b, Wv, row_at(oh, 0), row_at(oh + 1, 1));
+                                       buf.weights.data(), b, Wv, valid, row_at(oh, 0), row_at(oh + 1, 1));
       finish(oh, 0);
       finish(oh + 1, 1);
     }
@@ -310,7 +324,7 @@ void run_depthwise_task(const Problem& p, const DepthwisePlan& plan, const Depth
   for (; oh < t.oh1; ++oh) {
     buf.prefetch.step();
     output_row<acc_t, kTaps>(lines + (oh - t.oh0) * plan.row_step, plan.taps.data(), buf.weights.data(), plan.n_taps,
-                             b, Wv, row_at(oh, 0));
+                             b, Wv, valid, row_at(oh, 0));
     finish(oh, 0);
   }
 }
