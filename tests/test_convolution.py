@@ -459,7 +459,8 @@ def test_depthwise_rows_in_pairs_match_single_rows(kernel, width, dtype):
     the single row's order, so a row has the same bits in either place. Dropping the input's first
     row (no padding) moves every output row to the other place in its pair, and the last one out of
     any pair. float32 and float64 rows are written in place, a partial last vector (width 21) under
-    a mask that must leave the next row alone; half rows go through a buffer."""
+    a mask that must leave the next row alone. Half rows of a pair are rounded in registers where
+    the CPU has AVX-512, a single row's through a buffer: the two must round alike."""
     generator = torch.Generator().manual_seed(5)
     x = torch.randn(2, 3, 13, width, generator=generator).to(dtype)
     weight = torch.randn(6, 1, kernel, kernel, generator=generator).to(dtype)

@@ -53,11 +53,17 @@ void widen_lines(const scalar_t* plane, const Layout& xl, const Problem& p, int6
 }
 
 // Stores the first `valid` lanes of v at dst (all of them where valid >= the vector's size): a row
-// written in place ends inside its last vector (56 columns are three vectors and a half).
-template <typename acc_t>
-inline void store_valid(const Vectorized<acc_t>& v, acc_t* dst, int64_t valid) {
-  if (valid >= Vectorized<acc_t>::size()) return v.store(dst);
-  if (valid > 0) v.store(dst, static_cast<int>(valid));
+// written in place ends inside its last vector (56 columns are three vectors and a half). A half
+// output is rounded by the vector code narrow() uses, lane by lane, so the bits are narrow()'s.
+template <typename out_t, typename acc_t>
+inline void store_valid(const Vectorized<acc_t>& v, out_t* dst, int64_t valid) {
+  constexpr int64_t V = Vectorized<acc_t>::size();
+  if constexpr (std::is_same_v<out_t, acc_t>) {
+    if (valid >= V) return v.store(dst);
+    if (valid > 0) v.store(dst, static_cast<int>(valid));
+  } else {
+    if (valid > 0) at::vec::convert_from_float<out_t>(v, Vectorized<float>(0.f)).store(dst, std::min(valid, V));
+  }
 }
 
 // NV output vectors of one output row, starting at column ow0, of which the first `valid` columns
@@ -155,9 +161,9 @@ inline Vectorized<double> columns_from(const Vectorized<double>& lo, const Vecto
 // all but a sixteenth of the kw > 0 loads straddled two cache lines, and the loads, not the
 // multiply-adds, set the pace (a 3x3 pair took 70 cycles, in L1, for 36 cycles of multiply-adds).
 // The same products in the same order as row_pair_vectors, so the same bits.
-template <typename acc_t, int NV, int kKh, int kKw>
+template <typename acc_t, typename out_t, int NV, int kKh, int kKw>
 inline void row_pair_aligned(const acc_t* lines, int64_t len, const Vectorized<acc_t>* w, acc_t bias, int64_t ow0,
-                             acc_t* upper, acc_t* lower, int64_t valid) {
+                             out_t* upper, out_t* lower, int64_t valid) {
   using Vec = Vectorized<acc_t>;
   constexpr int64_t V = Vec::size();
   static_assert(kKh * kKw <= kBlock && kKw <= V);
@@ -215,6 +221,26 @@ inline void output_row(const acc_t* row_lines, const int64_t* taps, const Vector
 // Two output rows of a task as pairs (row_pair_vectors), up to kPairChains vectors of each at a
 // time: twice that many chains, what the single row keeps in flight, within the 16 vector registers.
 constexpr int kPairChains = 4;
+
+#if defined(CPU_CAPABILITY_AVX512)
+// output_row_pair by row_pair_aligned, into rows of the output's type: a bfloat16 or half NCHW
+// output is rounded in registers and written in place, not through a buffer.
+template <typename acc_t, typename out_t, int kKh, int kKw>
+inline void output_row_pair_aligned(const acc_t* row_lines, int64_t row_step, const Vectorized<acc_t>* w, acc_t bias,
+                                    int64_t Wv, int64_t valid, out_t* upper, out_t* lower) {
+  constexpr int64_t V = Vectorized<acc_t>::size();
+  int64_t ow = 0;
+  for (; ow + kPairChains * V <= Wv; ow += kPairChains * V) {
+    row_pair_aligned<acc_t, out_t, kPairChains, kKh, kKw>(row_lines, row_step, w, bias, ow, upper + ow, lower + ow,
+                                                          valid - ow);
+  }
+  with_count<kPairChains - 1>((Wv - ow) / V, [&](auto chains) {
+    row_pair_aligned<acc_t, out_t, decltype(chains)::value, kKh, kKw>(row_lines, row_step, w, bias, ow, upper + ow,
+                                                                      lower + ow, valid - ow);
+  });
+}
+#endif
+
 template <typename acc_t, int kKh, int kKw>
 inline void output_row_pair(const acc_t* row_lines, const int64_t* taps, int64_t row_step,
                             const Vectorized<acc_t>* w, acc_t bias, int64_t Wv, int64_t valid, acc_t* upper,
@@ -222,16 +248,7 @@ inline void output_row_pair(const acc_t* row_lines, const int64_t* taps, int64_t
   constexpr int64_t V = Vectorized<acc_t>::size();
   int64_t ow = 0;
 #if defined(CPU_CAPABILITY_AVX512)
-  if (aligned) {
-    for (; ow + kPairChains * V <= Wv; ow += kPairChains * V) {
-      row_pair_aligned<acc_t, kPairChains, kKh, kKw>(row_lines, row_step, w, bias, ow, upper + ow, lower + ow, valid - ow);
-    }
-    with_count<kPairChains - 1>((Wv - ow) / V, [&](auto chains) {
-      row_pair_aligned<acc_t, decltype(chains)::value, kKh, kKw>(row_lines, row_step, w, bias, ow, upper + ow,
-                                                                 lower + ow, valid - ow);
-    });
-    return;
-  }
+  if (aligned) return output_row_pair_aligned<acc_t, acc_t, kKh, kKw>(row_lines, row_step, w, bias, Wv, valid, upper, lower);
 #endif
   for (; ow + kPairChains * V <= Wv; ow += kPairChains * V) {
     row_pair_vectors<acc_t, kPairChains, kKh, kKw>(row_lines, taps, row_step, w, bias, ow, upper + ow, lower + ow,
@@ -406,6 +423,14 @@ void run_depthwise_task(const Problem& p, const DepthwisePlan& plan, const Depth
   if constexpr (kKh > 0) {
     for (; sh == 1 && p.dilation[0] == 1 && oh + 1 < t.oh1; oh += 2) {
       for (int row = 0; row < 2; ++row) buf.prefetch.step(), buf.prefetch_output.step();
+#if defined(CPU_CAPABILITY_AVX512)
+      if (is_half<scalar_t> && plan.aligned_pairs && ol.w == 1) {
+        output_row_pair_aligned<acc_t, scalar_t, kKh, kKw>(lines + (oh - t.oh0) * plan.row_step, plan.row_step,
+                                                           buf.weights.data(), b, Wv, p.Wo, plane + oh * ol.h,
+                                                           plane + (oh + 1) * ol.h);
+        continue;
+      }
+#endif
       output_row_pair<acc_t, kKh, kKw>(lines + (oh - t.oh0) * plan.row_step, plan.taps.data(), plan.row_step,
                                        buf.weights.data(), b, Wv, valid, row_at(oh, 0), row_at(oh + 1, 1),
                                        plan.aligned_pairs);
