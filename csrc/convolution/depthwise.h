@@ -67,9 +67,8 @@ inline void store_valid(const Vectorized<acc_t>& v, out_t* dst, int64_t valid) {
 }
 
 // NV output vectors of one output row, starting at column ow0, of which the first `valid` columns
-// are stored; taps[t] is the offset of tap t's
-// run inside the task's lines, w[t] its weight (broadcast). The chassis order: see the file
-// comment. kTaps > 0 fixes the tap count at compile time (the common 3x3 and 5x5 kernels): the
+// are stored; taps[t] is the offset of tap t's run inside the task's lines, w[t] its weight
+// (broadcast). The chassis order: see the file comment. kTaps > 0 fixes the tap count at compile time (the common 3x3 and 5x5 kernels): the
 // loops unroll, the same operations in the same order.
 template <typename acc_t, int NV, int kTaps>
 inline void row_vectors(const acc_t* lines, const int64_t* taps, const Vectorized<acc_t>* w, int64_t runtime_taps,
@@ -291,6 +290,7 @@ struct DepthwisePlan {
   int64_t n_taps = 0, Wv = 0, len = 0, rows_per_task = 0, row_blocks = 0, tasks = 0, work = 0, row_step = 0;
   bool rows_in_place = false;
   bool aligned_pairs = false;  // row pairs from aligned loads (row_pair_aligned)
+  bool half_pairs_in_place = false;  // and, for a half NCHW output, rounded in registers into it
   // Where each tap's run starts in the lines of a task's first output row; output row oh of the
   // task reads the same offsets sh input rows (sh * sw lines) further on per row. Computed once:
   // per row, its divisions cost more than the row's multiply-adds.
@@ -329,6 +329,7 @@ DepthwisePlan plan_depthwise(const Problem& p, const Layout& ol) {
   plan.rows_in_place = !is_half<scalar_t> && ol.w == 1;
 #if defined(CPU_CAPABILITY_AVX512)
   plan.aligned_pairs = sw == 1 && p.dilation[1] == 1 && p.Kw <= V;
+  plan.half_pairs_in_place = is_half<scalar_t> && plan.aligned_pairs && ol.w == 1;
 #endif
   return plan;
 }
@@ -424,7 +425,7 @@ void run_depthwise_task(const Problem& p, const DepthwisePlan& plan, const Depth
     for (; sh == 1 && p.dilation[0] == 1 && oh + 1 < t.oh1; oh += 2) {
       for (int row = 0; row < 2; ++row) buf.prefetch.step(), buf.prefetch_output.step();
 #if defined(CPU_CAPABILITY_AVX512)
-      if (is_half<scalar_t> && plan.aligned_pairs && ol.w == 1) {
+      if (plan.half_pairs_in_place) {
         output_row_pair_aligned<acc_t, scalar_t, kKh, kKw>(lines + (oh - t.oh0) * plan.row_step, plan.row_step,
                                                            buf.weights.data(), b, Wv, p.Wo, plane + oh * ol.h,
                                                            plane + (oh + 1) * ol.h);
@@ -458,13 +459,13 @@ void convolve_depthwise(const Problem& p, const scalar_t* x, const Layout& xl, c
     at::parallel_for(0, plan.tasks, std::max<int64_t>(1, (1 << 16) / plan.work), [&](int64_t first, int64_t last) {
       DepthwiseBuffers<acc_type<scalar_t>> buf(plan);
       for (int64_t task = first; task < last; ++task) {
-        const DepthwiseTask following = depthwise_task(p, plan, std::min(task + 1, last - 1));
-        const bool more = task + 1 < last;
-        const auto none = std::pair<const char*, const char*>{nullptr, nullptr};
-        run_depthwise_task<scalar_t, kTaps, kKh>(p, plan, depthwise_task(p, plan, task),
-                                                 more ? task_input(p, following, x, xl) : none,
-                                                 more ? task_output(p, following, out, ol) : none, x, xl, weight,
-                                                 ws, bias, out, ol, buf);
+        std::pair<const char*, const char*> next_in{}, next_out{};  // none after the thread's last task
+        if (task + 1 < last) {
+          const DepthwiseTask following = depthwise_task(p, plan, task + 1);
+          next_in = task_input(p, following, x, xl), next_out = task_output(p, following, out, ol);
+        }
+        run_depthwise_task<scalar_t, kTaps, kKh>(p, plan, depthwise_task(p, plan, task), next_in, next_out, x, xl,
+                                                 weight, ws, bias, out, ol, buf);
       }
     });
   };
