@@ -5,6 +5,8 @@
 #include "contract_rules.h"
 #include "convolution/geometry.h"
 #include "cpu_capability.h"
+#include "dispatch.h"
+#include "kernels/peak_probe.h"
 
 namespace {
 
@@ -109,12 +111,28 @@ void install_geometry(const py::dict& table) {
 
 namespace fuel {
 void streaming_triad(const at::Tensor& lhs, const at::Tensor& rhs, const at::Tensor& out);  // elementwise.cpp
+
+FUEL_DECLARE_KERNELS(PeakProbes, peak_probes)
+
+double peak_probe(const std::string& dtype, int64_t iterations) {
+  TORCH_CHECK(iterations >= 0 && iterations <= (int64_t(1) << 32), "fuel_torch._C.peak_probe: iterations must lie in ",
+              "[0, 2^32], saw ", iterations);
+  const PeakProbes& probes = FUEL_KERNELS_FOR_CPU(peak_probes);
+  if (dtype == "float32") return probes.float32(iterations);
+  if (dtype == "float64") return probes.float64(iterations);
+  TORCH_CHECK(false, "fuel_torch._C.peak_probe: dtype must be 'float32' or 'float64', saw '", dtype, "'");
 }
+}  // namespace fuel
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("streaming_triad", &fuel::streaming_triad,
         "out = lhs + rhs (float32, contiguous, equal sizes) with non-temporal stores at every size: the Judge's "
         "bandwidth roof for two reads and a write that need no read for ownership.");
+  m.def("peak_probe", &fuel::peak_probe, py::arg("dtype"), py::arg("iterations"),
+        py::call_guard<py::gil_scoped_release>(),
+        "Runs `iterations` rounds of independent fused multiply-adds of the level's vectors ('float32' or "
+        "'float64') on each of torch's threads and returns the floating-point operations done: the Judge's "
+        "compute roof where torch.mm does not reach the vectors' rate.");
   m.def("install_rules", &install_rules, "Install the accept/return clauses parsed from contracts/.");
   m.def("install_geometry", &install_geometry,
         "Install the convolution geometry checks compiled from contracts/convolution.geometry.yaml.");

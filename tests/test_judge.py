@@ -454,6 +454,62 @@ def test_compute_roof_of_a_half_dtype_is_at_least_float32s(monkeypatch):
     assert roofs.as_dict()["peak_GFLOPs"] == {"float64": 50.0, "bfloat16": 400.0, "float32": 100.0, "float16": 20.0}
 
 
+def test_compute_roof_is_the_higher_of_matmul_and_the_multiply_add_probe(monkeypatch):
+    """On an AMD CPU torch.mm runs MKL's AVX2 code at half the AVX-512 rate, and a roof from it alone
+    put correct convolution timings above it. Fake timings: torch.mm 1 ms, the probe 2 ms."""
+    probe_calls = []
+
+    class FakeC:
+        @staticmethod
+        def peak_probe(dtype, iterations):
+            probe_calls.append(dtype)
+            return 1e9 * {"float32": 4.0, "float64": 0.1}[dtype]  # 2000 and 50 GFLOP/s in 2 ms
+
+        @staticmethod
+        def cpu_capability():
+            return "AVX512"
+
+    def fake_medians(fns, **kwargs):
+        for fn in fns.values():
+            fn()
+        return {name: {"mm": 1e-3, "probe": 2e-3}[name] for name in fns}
+
+    monkeypatch.setattr(timing, "_C", FakeC)
+    monkeypatch.setattr(timing.clock, "interleaved_medians", fake_medians)
+    roofs = timing.Roofs("quick", threads=2)
+    mm_rate = lambda n: 2 * n**3 / 1e-3 / 1e9  # noqa: E731
+    f32 = roofs.peak(torch.float32)
+    assert f32["GFLOPs"] == pytest.approx(2000.0) and "vector multiply-adds at AVX512, 2 threads" in f32["by"]
+    f64 = roofs.peak(torch.float64)  # torch.mm 384^3 in 1 ms beats the probe's 50
+    assert f64["GFLOPs"] == pytest.approx(mm_rate(384)) and "torch.mm 384x384" in f64["by"]
+    probe_calls.clear()
+    bf16 = roofs.peak(torch.bfloat16)  # no probe of its own: float32's, already measured, bounds it
+    assert probe_calls == [] and bf16["GFLOPs"] == pytest.approx(2000.0)
+
+
+def test_the_multiply_add_probe_counts_the_work_it_does():
+    """The compute roof's probe (_C.peak_probe) must report the operations it did: a count above the
+    work would raise the roof. Each of torch's threads runs the same rounds."""
+    from fuel_torch import _C
+
+    threads = torch.get_num_threads()
+    try:
+        for dtype in ("float32", "float64"):
+            torch.set_num_threads(1)
+            one = _C.peak_probe(dtype, 1000)
+            assert one > 0 and _C.peak_probe(dtype, 2000) == 2 * one and _C.peak_probe(dtype, 0) == 0
+            assert one % (2 * 1000) == 0  # 2 operations per lane, chain and round
+            torch.set_num_threads(2)
+            assert _C.peak_probe(dtype, 1000) == 2 * one
+        assert _C.peak_probe("float32", 1) == 2 * _C.peak_probe("float64", 1)  # twice the lanes per vector
+    finally:
+        torch.set_num_threads(threads)
+    with pytest.raises(RuntimeError, match="dtype must be 'float32' or 'float64', saw 'bfloat16'"):
+        _C.peak_probe("bfloat16", 10)
+    with pytest.raises(RuntimeError, match=r"iterations must lie in \[0, 2\^32\], saw -1"):
+        _C.peak_probe("float32", -1)
+
+
 def test_report_marks_unreliable_figures_in_the_table_and_the_roofline(tmp_path):
     point = {"size": "n=1048576", "flops": 1 << 20, "bytes_moved": 12 << 20, "ours_s": 1e-4, "torch_s": 1e-3,
              "roof": {"rate": 20.0, "unit": "GB/s", "how": "20 GB/s at 12 MiB"},

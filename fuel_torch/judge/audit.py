@@ -128,7 +128,7 @@ def run(contracts: ContractSet, patterns: Iterable[str] | None = None, level: st
     start, load_start = time.perf_counter(), _load()
     roofs = timing.Roofs(level) if "cost" in checks else None
     if roofs is not None:
-        progress("measuring the machine (DRAM bandwidth, matmul peaks, contiguize copy) ...")
+        progress("measuring the machine (DRAM bandwidth, compute peaks, contiguize copy) ...")
         report["machine"]["measured"] = timing.machine(level, roofs)
     for number, contract in enumerate(chosen, start=1):
         began = time.perf_counter()

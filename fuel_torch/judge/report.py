@@ -160,7 +160,8 @@ def roof_lines(machine: dict) -> list[str]:
             f"{_size(r['bytes'])} {r['GBps']:.1f}" for r in by_size) + " GB/s")
     peaks = roofs.get("peak_GFLOPs", {})
     if peaks:
-        lines.append("matmul peak GFLOP/s: " + ", ".join(f"{k} {v:.1f}" for k, v in peaks.items()))
+        lines.append("compute peak GFLOP/s (torch.mm or vector multiply-adds, the higher): "
+                     + ", ".join(f"{k} {v:.1f}" for k, v in peaks.items()))
     return lines
 
 
@@ -210,7 +211,7 @@ def _bars(ax, entries: list[dict], unit: str) -> None:
             ax.plot([x - 0.45, x + 0.45], [roof, roof], color="black", linewidth=1.2)
     handles = [Patch(color="tab:blue", label="fuel kernel"), Patch(color="tab:orange", label="torch equivalent"),
                Line2D([], [], color="black", linewidth=1.2,
-                      label="roof at this working set" if unit == "GB/s" else "matmul peak of this dtype")]
+                      label="roof at this working set" if unit == "GB/s" else "compute peak of this dtype")]
     if any(unreliable):
         handles.append(Patch(facecolor="white", hatch="xx", edgecolor="red", label="above its roof twice: unreliable"))
     ax.set_xticks(xs, names, rotation=90, fontsize=7)
@@ -224,7 +225,7 @@ def roofline(report: dict, path: Path) -> str | None:
 
     Panels: achieved GB/s of the bandwidth-bound kernels, each against the bandwidth roof measured
     at its own working set; achieved GFLOP/s of the compute-bound ones (convolution) against the
-    matmul peak of their dtype; and the classic roofline (intensity vs GFLOP/s) with every kernel,
+    compute peak of their dtype; and the classic roofline (intensity vs GFLOP/s) with every kernel,
     ours and torch's side by side, under the best cache-resident and the DRAM bandwidth."""
     measured = report["machine"].get("measured")
     entries = [e for e in report["kernels"] if e.get("cost", {}).get("points") and "ours" in e["cost"]]

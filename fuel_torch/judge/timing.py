@@ -8,7 +8,8 @@ is `seconds = launch_overhead + amount / rate`, with `amount` the contract's `by
 least squares on relative residuals so a 1 us call counts as much as a 10 ms one.
 
 Roofs. A kernel cannot move bytes faster than the machine streams them at the same working-set
-size and thread count, nor compute faster than the machine's matmul in its dtype. So the bandwidth
+size and thread count, nor compute faster than the machine's matmul in its dtype or its vectors'
+multiply-adds, whichever is faster. So the bandwidth
 roof is measured at each point's own working set (the contract's `bytes_moved`: in cache for a
 small call, DRAM for a large one), with the bytes counted the way the contracts count them, and
 the compute roof per dtype. A figure above its roof is a measurement error (a clock, frequency or
@@ -31,6 +32,8 @@ from fuel_torch.expr import ExprError
 
 LEVEL = {"quick": dict(repeats=3, sample_s=5e-4), "default": dict(repeats=7, sample_s=2e-3),
          "full": dict(repeats=15, sample_s=5e-3)}
+# Rounds of the multiply-add probe per call: about 0.4 ms of a 264 GFLOP/s float32 core.
+PROBE_ITERATIONS = 200_000
 RECHECK_LEVEL = "full"  # a figure above its roof is measured again with the most repeats
 COMPUTE_CLASSES = ("conv", "matmul", "gemm")
 # Two medians of the same quantity differ by a few per cent on a quiet machine; a figure within
@@ -93,8 +96,8 @@ class Roofs:
     torch's is not judged against torch's overhead. Where torch's loop would run on fewer threads
     than the kernels may use (fewer than threads x 32768 elements), the roof is also the threads x
     the one-thread rate over a thread's share, whichever is higher: the roof bounds any split.
-    `peak(dtype)`: GFLOP/s of torch.mm in that dtype (for bfloat16/float16 at least float32's: a
-    half kernel may compute in float32)."""
+    `peak(dtype)`: GFLOP/s of torch.mm in that dtype, or of the vector multiply-add probe where
+    that is higher (for bfloat16/float16 at least float32's: a half kernel may compute in float32)."""
 
     def __init__(self, level: str, threads: int | None = None):
         self.level = level
@@ -155,13 +158,26 @@ class Roofs:
 
     # compute
     def _measure_peak(self, dtype: torch.dtype) -> dict:
+        """The higher of torch.mm's rate and, for float32/float64, the vector multiply-add probe's
+        (_C.peak_probe, at the kernels' level): torch.mm is no roof where its BLAS takes a narrower
+        code path than our kernels (MKL runs AVX2 code on AMD CPUs: on a Zen 5 at 2 threads, float32
+        210 GFLOP/s against 506 for AVX-512 multiply-adds, and our convolutions measured above it)."""
         n = {"quick": 512, "default": 1024, "full": 1536}[self.level]
         if dtype == torch.float64 or dtype in HALVES:
             n = n * 3 // 4
         a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
-        seconds = clock.interleaved_medians({"mm": lambda: torch.mm(a, b)}, threads=self.threads,
-                                            **{**LEVEL[self.level], "repeats": max(3, LEVEL[self.level]["repeats"] // 2)})["mm"]
-        return {"GFLOPs": 2 * n**3 / seconds / 1e9, "by": f"torch.mm {n}x{n}, {self.threads} threads"}
+        timing = {**LEVEL[self.level], "repeats": max(3, LEVEL[self.level]["repeats"] // 2)}
+        seconds = clock.interleaved_medians({"mm": lambda: torch.mm(a, b)}, threads=self.threads, **timing)["mm"]
+        candidates = [(2 * n**3 / seconds / 1e9, f"torch.mm {n}x{n}, {self.threads} threads")]
+        if dtype in (torch.float32, torch.float64):
+            name = str(dtype).replace("torch.", "")
+            flops = _C.peak_probe(name, PROBE_ITERATIONS)
+            seconds = clock.interleaved_medians({"probe": lambda: _C.peak_probe(name, PROBE_ITERATIONS)},
+                                                threads=self.threads, **timing)["probe"]
+            candidates.append((flops / seconds / 1e9, f"vector multiply-adds at {_C.cpu_capability()}, "
+                               f"{self.threads} threads"))
+        rate, by = max(candidates)
+        return {"GFLOPs": rate, "by": by}
 
     def peak(self, dtype: torch.dtype, remeasure: bool = False) -> dict:
         """The compute roof of a `dtype` kernel."""
