@@ -4,7 +4,8 @@
                                            [--only NAME ...] [--no-training] [--allocator steady]
 
 Every row times ours and torch's interleaved in the same run (fuel_torch.timing.interleaved_medians)
-and shows each side's median and ours / torch (below 1: ours is faster). Each table starts with the
+and shows each side's median and ours / torch (below 1: ours is faster), with the lowest and highest
+ratio of a single repeat ("per repeat": how far the machine's noise moved it). Each table starts with the
 machine line (CPU model, capability levels, threads). Rows: the issue's table (ResNet 3x3, the 7x7/2
 stem forward and its transpose, 1x1, depthwise, grouped), dilated, transposed upsampling (k4 s2), the
 single small conv (call and packing overhead), and a training step: forward + backward (input,
@@ -26,13 +27,14 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
 
 import fuel_torch
-from fuel_torch.timing import interleaved_medians, machine_line
+from fuel_torch.timing import interleaved_medians, interleaved_samples, machine_line, ratio_range
 
 # (name, op, x shape, weight shape, geometry)
 SHAPES = [
@@ -77,9 +79,9 @@ def conv_row(op, x_shape, w_shape, geometry, dtype, repeats, generator) -> tuple
     b = torch.randn(cout, generator=generator).to(dtype)
     ours, theirs = getattr(fuel_torch, op), TORCH[op]
     fns = {"fuel": lambda: ours(x, w, b, **geometry), "torch": lambda: theirs(x, w, b, **geometry)}
-    medians = interleaved_medians(fns, repeats=repeats)
+    samples = interleaved_samples(fns, repeats=repeats)
     flops = conv_flops(op, x_shape, w_shape, fns["torch"]().numel())
-    return medians["fuel"], medians["torch"], faults_per_call(fns), flops
+    return samples["fuel"], samples["torch"], faults_per_call(fns), flops
 
 
 def faults_per_call(fns, calls: int = 3) -> str:
@@ -119,17 +121,21 @@ def training_row(dtype, repeats, generator) -> tuple[float, float, str]:
         return run
 
     fns = {"fuel": step(ours), "torch": step(theirs)}
-    medians = interleaved_medians(fns, repeats=repeats)
-    return medians["fuel"], medians["torch"], faults_per_call(fns, calls=1), 0
+    samples = interleaved_samples(fns, repeats=repeats)
+    return samples["fuel"], samples["torch"], faults_per_call(fns, calls=1), 0
 
 
-def table_row(name: str, dtype_name: str, ours: float, theirs: float, faults: str, flops: int) -> tuple[str, ...]:
-    """GFLOP/s: ours, torch's, and the rate the target needs (to set against the machine line's
-    multiply-add peak: a target above it cannot be met on this CPU)."""
+def table_row(name: str, dtype_name: str, ours_samples: list[float], theirs_samples: list[float], faults: str,
+              flops: int) -> tuple[str, ...]:
+    """fuel/torch of the medians, and its lowest and highest value in one repeat; GFLOP/s: ours,
+    torch's, and the rate the target needs (to set against the table's multiply-add peak: a target
+    above it cannot be met on this CPU)."""
+    ours, theirs = statistics.median(ours_samples), statistics.median(theirs_samples)
+    low, high = ratio_range(ours_samples, theirs_samples)
     goal = target(name, dtype_name)
     rates = "/".join(f"{flops / seconds / 1e9:.0f}" for seconds in (ours, theirs, goal * theirs)) if flops else "-"
     return (name, dtype_name, f"{ours * 1e3:.3f}", f"{theirs * 1e3:.3f}", f"{ours / theirs:.2f}",
-            f"<={goal:g} " + ("met" if ours / theirs <= goal else "MISSED"), rates, faults)
+            f"{low:.2f}-{high:.2f}", f"<={goal:g} " + ("met" if ours / theirs <= goal else "MISSED"), rates, faults)
 
 
 def peak_line(threads: int) -> str:
@@ -143,7 +149,8 @@ def peak_line(threads: int) -> str:
 
 
 def print_table(rows) -> None:
-    header = ("case", "dtype", "fuel ms", "torch ms", "fuel/torch", "target", "GFLOP/s fuel/torch/needed", "faults")
+    header = ("case", "dtype", "fuel ms", "torch ms", "fuel/torch", "per repeat", "target", "GFLOP/s fuel/torch/needed",
+              "faults")
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
     for number, row in enumerate([header, *rows]):
         print("  ".join(str(cell).rjust(width) if i > 1 else str(cell).ljust(width)

@@ -6,18 +6,20 @@ the same generic `torch.ops` call path), and torch's Python function `torch.<op>
 whose binding skips that path (about 1-2 us less per call, which is torch's floor, not its kernel's).
 Medians of interleaved repeats (fuel_torch.timing); ratios below 1.0 mean fuel is faster. The
 target column of issue "Speed I" is judged on fuel/aten (kernel against kernel, same call path);
-fuel/torch.fn is printed beside it.
+fuel/torch.fn is printed beside it, and so is the lowest and highest fuel/aten of a single repeat
+("per repeat": how far the machine's noise moved it).
 Options: --sizes 65536 4194304, --ops add pow, --dtypes float32, --threads N, --repeats R.
 """
 from __future__ import annotations
 
 import argparse
+import statistics
 
 import torch
 
 import fuel_torch  # noqa: F401  (registers torch.ops.fuel)
 from fuel_torch.elementwise import OPS, TORCH_EQUIVALENT
-from fuel_torch.timing import interleaved_medians, machine_line
+from fuel_torch.timing import interleaved_samples, machine_line, ratio_range
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 HALVES = (torch.bfloat16, torch.float16)
@@ -64,25 +66,27 @@ def main() -> None:
         print(f"fuel::{op}.out vs aten::{op} .out and torch.{TORCH_EQUIVALENT[op].__name__}(out=), "
               f"median of {args.repeats} interleaved repeats")
         print(f"{'op':8} {'dtype':9} {'numel':>9} {'fuel us':>9} {'aten us':>9} {'fn us':>9} "
-              f"{'fuel/aten':>9} {'fuel/fn':>8} {'target':>7}")
+              f"{'fuel/aten':>9} {'per repeat':>10} {'fuel/fn':>8} {'target':>7}")
         for dtype_name in args.dtypes:
             dtype = DTYPES[dtype_name]
             for numel in args.sizes:
                 lhs, rhs = operands(op, dtype, numel)
                 out_fuel, out_aten, out_fn = (torch.empty_like(lhs) for _ in range(3))
                 fuel_out, aten_out, torch_fn = getattr(torch.ops.fuel, op).out, ATEN_OUT[op], TORCH_EQUIVALENT[op]
-                medians = interleaved_medians({
+                samples = interleaved_samples({
                     "fuel": lambda: fuel_out(lhs, rhs, out=out_fuel),
                     "aten": lambda: aten_out(lhs, rhs, out=out_aten),
                     "fn": lambda: torch_fn(lhs, rhs, out=out_fn),
                 }, repeats=args.repeats)
+                medians = {name: statistics.median(values) for name, values in samples.items()}
                 ratio = medians["fuel"] / medians["aten"]
+                low, high = ratio_range(samples["fuel"], samples["aten"])
                 goal = target(op, dtype, numel)
                 verdict = "" if goal is None else f"<={goal} {'met' if ratio <= goal else 'MISSED'}"
                 misses += goal is not None and ratio > goal
                 us = {name: f"{seconds * 1e6:>9.2f}" for name, seconds in medians.items()}
                 print(f"{op:8} {dtype_name:9} {numel:>9} {us['fuel']} {us['aten']} {us['fn']} {ratio:>9.2f} "
-                      f"{medians['fuel'] / medians['fn']:>8.2f} {verdict:>7}", flush=True)
+                      f"{f'{low:.2f}-{high:.2f}':>10} {medians['fuel'] / medians['fn']:>8.2f} {verdict:>7}", flush=True)
         print()
     print(f"{misses} rows missed their target")
 

@@ -4,7 +4,9 @@ Rules every figure of this project follows: each callable is warmed up, then tim
 which all callables take turns (the order rotates between repeats, so none always runs first on a
 cold cache or after a neighbour's thread wake-up); each sample is a torch.utils.benchmark
 measurement of a fixed number of back-to-back calls sized so one sample lasts about `sample_s`; the
-median over repeats is reported. Ratios are taken between callables of the same run only.
+median over repeats is reported. Ratios are taken between callables of the same run only; the
+benchmarks also print the range of the ratio over the repeats, since this project's machines are
+shared VMs whose neighbours move a single repeat by tens of per cent.
 """
 from __future__ import annotations
 
@@ -28,10 +30,11 @@ def _calls_per_sample(timer: benchmark.Timer, sample_s: float) -> int:
     return max(1, min(100_000, int(sample_s / max(once, 1e-8))))
 
 
-def interleaved_medians(fns: Mapping[str, Callable[[], object]], *, repeats: int = 7, sample_s: float = 2e-3,
-                        threads: int | None = None) -> dict[str, float]:
-    """Median seconds per call of each callable, measured in interleaved repeats at `threads`
-    threads (default: torch's current count)."""
+def interleaved_samples(fns: Mapping[str, Callable[[], object]], *, repeats: int = 7, sample_s: float = 2e-3,
+                        threads: int | None = None) -> dict[str, list[float]]:
+    """Seconds per call of each callable in each of the interleaved repeats, in repeat order, at
+    `threads` threads (default: torch's current count): entry i of two callables' lists were
+    measured side by side, so their ratio shows how far one repeat's ratio strays."""
     threads = threads or torch.get_num_threads()
     names = list(fns)
     timers = {name: _timer(fns[name], threads) for name in names}
@@ -43,7 +46,18 @@ def interleaved_medians(fns: Mapping[str, Callable[[], object]], *, repeats: int
         order = names[repeat % len(names):] + names[:repeat % len(names)]
         for name in order:
             samples[name].append(timers[name].timeit(calls[name]).median)
-    return {name: statistics.median(values) for name, values in samples.items()}
+    return samples
+
+
+def interleaved_medians(fns: Mapping[str, Callable[[], object]], **kwargs) -> dict[str, float]:
+    """Median seconds per call of each callable over interleaved repeats (interleaved_samples)."""
+    return {name: statistics.median(values) for name, values in interleaved_samples(fns, **kwargs).items()}
+
+
+def ratio_range(ours: list[float], theirs: list[float]) -> tuple[float, float]:
+    """The lowest and highest ratio ours / theirs of one repeat (lists from interleaved_samples)."""
+    ratios = [a / b for a, b in zip(ours, theirs)]
+    return min(ratios), max(ratios)
 
 
 def compare(ours: Callable[[], object], theirs: Callable[[], object], **kwargs) -> tuple[float, float]:
