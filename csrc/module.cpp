@@ -115,8 +115,8 @@ void streaming_triad(const at::Tensor& lhs, const at::Tensor& rhs, const at::Ten
 FUEL_DECLARE_KERNELS(PeakProbes, peak_probes)
 
 double peak_probe(const std::string& dtype, int64_t iterations) {
-  TORCH_CHECK(iterations >= 0 && iterations <= (int64_t(1) << 32), "fuel_torch._C.peak_probe: iterations must lie in ",
-              "[0, 2^32], saw ", iterations);
+  TORCH_CHECK(iterations >= 0 && iterations <= (int64_t(1) << 28), "fuel_torch._C.peak_probe: iterations must lie in ",
+              "[0, 2^28] (at most about a second), saw ", iterations);
   const PeakProbes& probes = FUEL_KERNELS_FOR_CPU(peak_probes);
   if (dtype == "float32") return probes.float32(iterations);
   if (dtype == "float64") return probes.float64(iterations);

@@ -506,8 +506,10 @@ def test_the_multiply_add_probe_counts_the_work_it_does():
         torch.set_num_threads(threads)
     with pytest.raises(RuntimeError, match="dtype must be 'float32' or 'float64', saw 'bfloat16'"):
         _C.peak_probe("bfloat16", 10)
-    with pytest.raises(RuntimeError, match=r"iterations must lie in \[0, 2\^32\], saw -1"):
+    with pytest.raises(RuntimeError, match=r"iterations must lie in \[0, 2\^28\] \(at most about a second\), saw -1"):
         _C.peak_probe("float32", -1)
+    with pytest.raises(RuntimeError, match=r"iterations must lie in .*saw 268435457"):
+        _C.peak_probe("float64", 2**28 + 1)
 
 
 def test_report_marks_unreliable_figures_in_the_table_and_the_roofline(tmp_path):
