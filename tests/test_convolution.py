@@ -391,6 +391,24 @@ def test_every_channel_blocking(cout, groups, dtype):
                      {"padding": 1, "groups": groups})
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("op,geometry", [("conv2d", {"padding": 1}), ("conv_transpose2d", {"stride": 2, "padding": 1})],
+                         ids=["conv2d", "transpose_s2"])
+def test_few_channel_blocks_give_the_same_sums(op, geometry, dtype):
+    """Tasks of 1-3 output channels take wider position blocks than the 6- and 4-channel blocks (on
+    AVX-512: 1 x 8, 2 x 8 and 3 x 6 vectors); a block's shape only chooses how many sums run side by
+    side, so each output must be the same bits as when its channel is one of twelve (6-channel
+    blocks). Widths 13, 40 and 70 end their tasks in wide blocks and in the narrower ones after."""
+    generator = torch.Generator().manual_seed(7)
+    for width in (13, 40, 70):
+        x, w, b = operands(op, 2, 5, 12, 1, (3, 3), (9, width), True, dtype, generator)
+        everything = API[op](x, w, b, **geometry)
+        for cout in (1, 2, 3):
+            weight = (w[:cout] if op == "conv2d" else w[:, :cout]).contiguous()
+            few = API[op](x, weight, b[:cout], **geometry)
+            assert reference.bit_equal(few, everything[:, :cout]), (width, cout)
+
+
 # ---------------------------------------------------------------------------------------------
 # Determinism
 
