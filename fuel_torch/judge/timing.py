@@ -171,11 +171,13 @@ class Roofs:
         candidates = [(2 * n**3 / seconds / 1e9, f"torch.mm {n}x{n}, {self.threads} threads")]
         if dtype in (torch.float32, torch.float64):
             name = str(dtype).replace("torch.", "")
-            flops = _C.peak_probe(name, PROBE_ITERATIONS)
+            # The probe runs its rounds on each of torch's threads: the count here is at this
+            # process's thread count, the timing at self.threads.
+            per_thread = _C.peak_probe(name, PROBE_ITERATIONS) / torch.get_num_threads()
             seconds = clock.interleaved_medians({"probe": lambda: _C.peak_probe(name, PROBE_ITERATIONS)},
                                                 threads=self.threads, **timing)["probe"]
-            candidates.append((flops / seconds / 1e9, f"vector multiply-adds at {_C.cpu_capability()}, "
-                               f"{self.threads} threads"))
+            candidates.append((per_thread * self.threads / seconds / 1e9,
+                               f"vector multiply-adds at {_C.cpu_capability()}, {self.threads} threads"))
         rate, by = max(candidates)
         return {"GFLOPs": rate, "by": by}
 
