@@ -477,6 +477,8 @@ def test_compute_roof_is_the_higher_of_matmul_and_the_multiply_add_probe(monkeyp
 
     monkeypatch.setattr(timing, "_C", FakeC)
     monkeypatch.setattr(timing.clock, "interleaved_medians", fake_medians)
+    # The process at 1 thread, the roof at 2: the probe's count must be scaled to the roof's threads.
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     roofs = timing.Roofs("quick", threads=2)
     mm_rate = lambda n: 2 * n**3 / 1e-3 / 1e9  # noqa: E731
     f32 = roofs.peak(torch.float32)
