@@ -2,6 +2,7 @@
 
     python benchmarks/bench_convolution.py [--threads 1 2] [--dtype float32 ...] [--repeats 7]
                                            [--only NAME ...] [--no-training] [--allocator steady]
+                                           [--isa AVX2]
 
 Every row times ours and torch's interleaved in the same run (fuel_torch.timing.interleaved_medians)
 and shows each side's median and ours / torch (below 1: ours is faster), with the lowest and highest
@@ -21,20 +22,24 @@ multi-MB buffers come back as fresh pages depends on the process's allocation hi
 torch's float32 ResNet 3x3 took 1,200-2,300 minor page faults per call in one process and none in
 another, and its time moved between 8 and 17 ms with it (ours: 0-30 faults). Each table shows
 both sides' faults per call (the "faults" column, fuel / torch) so a figure says which it was.
+
+--isa AVX2 (or DEFAULT) re-runs the script with both sides held to that level: ours through
+FUEL_CPU_CAPABILITY, torch's kernels, oneDNN and MKL through their own variables
+(fuel_torch.timing.ISA_CAPS; the machine line then says so). The targets hold on AVX2-only CPUs as
+well; on a CPU with AVX-512 this is a proxy for one, not a measurement of one (its caches and
+execution ports stay this CPU's).
 """
 from __future__ import annotations
 
 import argparse
-import os
 import resource
 import statistics
-import sys
 
 import torch
 import torch.nn.functional as F
 
 import fuel_torch
-from fuel_torch.timing import interleaved_medians, interleaved_samples, machine_line, ratio_range
+from fuel_torch.timing import ISA_CAPS, interleaved_medians, interleaved_samples, machine_line, ratio_range, rerun_with
 
 # (name, op, x shape, weight shape, geometry)
 SHAPES = [
@@ -169,9 +174,12 @@ def main() -> None:
     parser.add_argument("--no-training", action="store_true", help="skip the ResNet basic block training step")
     parser.add_argument("--allocator", choices=["default", "steady"], default="default",
                         help="steady: glibc thresholds fixed so that no call's buffers are fresh mappings")
+    parser.add_argument("--isa", choices=["native", *ISA_CAPS], default="native",
+                        help="run torch and ours at this level (fuel_torch.timing.ISA_CAPS): a proxy for a CPU "
+                             "without the higher ones")
     args = parser.parse_args()
-    if args.allocator == "steady" and os.environ.get("GLIBC_TUNABLES") != STEADY_TUNABLES:
-        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "GLIBC_TUNABLES": STEADY_TUNABLES})
+    rerun_with({**({"GLIBC_TUNABLES": STEADY_TUNABLES} if args.allocator == "steady" else {}),
+                **ISA_CAPS.get(args.isa, {})})
     generator = torch.Generator().manual_seed(0)
     wanted = lambda name: args.only is None or any(part in name for part in args.only)  # noqa: E731
     for threads in args.threads:

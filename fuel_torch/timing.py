@@ -84,4 +84,31 @@ def machine_line() -> str:
     fuel_level = getattr(fuel_torch, "cpu_capability", lambda: "n/a")()
     return (f"CPU: {cpu_model()} ({os.cpu_count()} logical CPUs); torch {torch.__version__} capability "
             f"{torch.backends.cpu.get_cpu_capability()}; fuel capability {fuel_level}; "
-            f"threads {torch.get_num_threads()}")
+            f"threads {torch.get_num_threads()}" + isa_cap_note())
+
+
+# The environment that runs both sides at one instruction-set level on a CPU that has a higher one:
+# our kernels (FUEL_CPU_CAPABILITY), ATen's own kernels (ATEN_CPU_CAPABILITY), oneDNN (torch's
+# convolutions, and the brgemm kernel our float paths call) and MKL. A proxy for a CPU that stops at
+# that level, not a measurement of one: the caches, the clock and the execution ports stay this CPU's.
+ISA_CAPS: dict[str, dict[str, str]] = {
+    "AVX2": {"FUEL_CPU_CAPABILITY": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+             "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+    "DEFAULT": {"FUEL_CPU_CAPABILITY": "DEFAULT", "ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41",
+                "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"},
+}
+
+
+def isa_cap_note() -> str:
+    """The machine line's note where oneDNN's ISA is capped (ISA_CAPS), else nothing."""
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA")
+    return f"; ISA capped (oneDNN {cap}, MKL {os.environ.get('MKL_ENABLE_INSTRUCTIONS', 'uncapped')})" if cap else ""
+
+
+def rerun_with(environment: Mapping[str, str]) -> None:
+    """Re-executes this script with `environment` added to its own, unless it has it already: the
+    variables take effect only when the libraries load (the allocator's tunables, ISA_CAPS)."""
+    import sys
+
+    if any(os.environ.get(name) != value for name, value in environment.items()):
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **environment})

@@ -201,3 +201,19 @@ def test_the_leak_check_can_fail():
     leaks = vector_instructions_outside_their_level(sample)
     assert [leak.split(":")[0] for leak in leaks] == ["fuel", "fuel"] and len(leaks) == 2
     assert "check(int)" in leaks[0] and "AVX2" in leaks[1]
+
+
+@pytest.mark.parametrize("level", [level for level in ("AVX2", "DEFAULT") if level in SUPPORTED])
+def test_a_benchmark_run_with_isa_holds_both_sides_to_the_level(level):
+    # --isa re-executes the script with fuel_torch.timing.ISA_CAPS[level]: ours and ATen's kernels
+    # must then report the level, and the machine line say that oneDNN's ISA is capped.
+    script = TESTS.parent / "benchmarks" / "bench_elementwise.py"
+    env = {k: v for k, v in os.environ.items() if k not in ("FUEL_CPU_CAPABILITY", "ATEN_CPU_CAPABILITY",
+                                                             "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")}
+    result = subprocess.run([sys.executable, str(script), "--isa", level, "--ops", "add", "--dtypes", "float32",
+                             "--sizes", "1024", "--repeats", "1"], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    machine = next(line for line in result.stdout.splitlines() if line.startswith("CPU: "))
+    assert f"capability {level}; fuel capability {level};" in machine, machine
+    from fuel_torch.timing import ISA_CAPS
+    assert f"ISA capped (oneDNN {ISA_CAPS[level]['ONEDNN_MAX_CPU_ISA']}" in machine, machine
