@@ -11,10 +11,10 @@ machine line (CPU model, capability levels, threads). Rows: the issue's table (R
 stem forward and its transpose, 1x1, depthwise, grouped), dilated, transposed upsampling (k4 s2), the
 single small conv (call and packing overhead), and a training step: forward + backward (input,
 weight and bias gradients) of a ResNet basic block, our convs through fuel_torch.nn against torch's.
-Each row also shows the issue's target ratio (`target`), and the GFLOP/s ours and torch's ran at
-and the rate the target needs; the table's peak line is the vector multiply-add probe's rate at its
-thread count (fuel_torch._C.peak_probe), so a target that needs more than the CPU's vectors can do
-shows as such. The training row has no GFLOP/s.
+Each row also shows the issue's target ratio (`target`), the GFLOP/s ours and torch's ran at and
+the rate the target needs, and (float32, float64) that rate as a share of the table's peak line, the
+vector multiply-add probe's rate at its thread count (fuel_torch._C.peak_probe): a target past 100%
+needs more than the CPU's vectors can do, so no kernel meets it here. The training row has no GFLOP/s.
 
 --allocator steady re-runs the script with glibc's mmap and trim thresholds fixed at 4 GiB, so that
 no call's buffers are fresh mappings. With the default (dynamic) thresholds whether a call's
@@ -131,31 +131,40 @@ def training_row(dtype, repeats, generator) -> tuple[float, float, str]:
 
 
 def table_row(name: str, dtype_name: str, ours_samples: list[float], theirs_samples: list[float], faults: str,
-              flops: int) -> tuple[str, ...]:
+              flops: int, peaks: dict[str, float]) -> tuple[str, ...]:
     """fuel/torch of the medians, and its lowest and highest value in one repeat; GFLOP/s: ours,
-    torch's, and the rate the target needs (to set against the table's multiply-add peak: a target
-    above it cannot be met on this CPU)."""
+    torch's, and the rate the target needs, and that rate as a share of the multiply-add peak (float32
+    and float64, whose peak the probe measures): past 100% no kernel can meet the target on this CPU."""
     ours, theirs = statistics.median(ours_samples), statistics.median(theirs_samples)
     low, high = ratio_range(ours_samples, theirs_samples)
     goal = target(name, dtype_name)
+    needed = flops / (goal * theirs) / 1e9 if flops else None
     rates = "/".join(f"{flops / seconds / 1e9:.0f}" for seconds in (ours, theirs, goal * theirs)) if flops else "-"
+    share = f"{100 * needed / peaks[dtype_name]:.0f}%" if needed and dtype_name in peaks else "-"
     return (name, dtype_name, f"{ours * 1e3:.3f}", f"{theirs * 1e3:.3f}", f"{ours / theirs:.2f}",
-            f"{low:.2f}-{high:.2f}", f"<={goal:g} " + ("met" if ours / theirs <= goal else "MISSED"), rates, faults)
+            f"{low:.2f}-{high:.2f}", f"<={goal:g} " + ("met" if ours / theirs <= goal else "MISSED"), rates, share,
+            faults)
 
 
-def peak_line(threads: int) -> str:
-    """The vector multiply-add probe's rate (the Judge's compute roof probe) at this thread count."""
-    rates = []
+def peak_rates(threads: int) -> dict[str, float]:
+    """The vector multiply-add probe's rate in GFLOP/s (the Judge's compute roof probe) at this
+    thread count, float32 and float64."""
+    rates = {}
     for dtype in ("float32", "float64"):
         seconds = interleaved_medians({"probe": lambda: fuel_torch._C.peak_probe(dtype, 200_000)}, repeats=5,
                                       threads=threads)["probe"]
-        rates.append(f"{dtype} {fuel_torch._C.peak_probe(dtype, 200_000) / seconds / 1e9:.0f}")
-    return f"vector multiply-add peak, {threads} thread{'s' if threads > 1 else ''} (GFLOP/s): " + ", ".join(rates)
+        rates[dtype] = fuel_torch._C.peak_probe(dtype, 200_000) / seconds / 1e9
+    return rates
+
+
+def peak_line(threads: int, rates: dict[str, float]) -> str:
+    return f"vector multiply-add peak, {threads} thread{'s' if threads > 1 else ''} (GFLOP/s): " + \
+        ", ".join(f"{dtype} {rate:.0f}" for dtype, rate in rates.items())
 
 
 def print_table(rows) -> None:
     header = ("case", "dtype", "fuel ms", "torch ms", "fuel/torch", "per repeat", "target", "GFLOP/s fuel/torch/needed",
-              "faults")
+              "needed/peak", "faults")
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
     for number, row in enumerate([header, *rows]):
         print("  ".join(str(cell).rjust(width) if i > 1 else str(cell).ljust(width)
@@ -186,7 +195,8 @@ def main() -> None:
         torch.set_num_threads(threads)
         print(machine_line() + f"; allocator {args.allocator}")
         print(f"median of {args.repeats} interleaved repeats (fuel_torch.timing.interleaved_medians)")
-        print(peak_line(threads))
+        peaks = peak_rates(threads)
+        print(peak_line(threads, peaks))
         rows = []
         for dtype_name in args.dtype:
             dtype = DTYPES[dtype_name]
@@ -194,10 +204,10 @@ def main() -> None:
                 if not wanted(name):
                     continue
                 rows.append(table_row(name, dtype_name,
-                                      *conv_row(op, x_shape, w_shape, geometry, dtype, args.repeats, generator)))
+                                      *conv_row(op, x_shape, w_shape, geometry, dtype, args.repeats, generator), peaks))
             name = "training: basic block fwd+bwd (4,64,56x56)"
             if not args.no_training and wanted(name):
-                rows.append(table_row(name, dtype_name, *training_row(dtype, args.repeats, generator)))
+                rows.append(table_row(name, dtype_name, *training_row(dtype, args.repeats, generator), peaks))
         print_table(rows)
 
 

@@ -1,0 +1,26 @@
+"""The convolution benchmark's columns: each row's needed rate set against the peak line."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).parent.parent / "benchmarks" / "bench_convolution.py"
+
+
+def test_needed_over_peak_is_the_needed_rate_over_the_peak_line():
+    result = subprocess.run([sys.executable, str(SCRIPT), "--only", "small", "--dtype", "float64", "bfloat16",
+                             "--threads", "1", "--repeats", "1", "--no-training"],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    peak = float(re.search(r"float64 (\d+)", next(line for line in lines if line.startswith("vector multiply-add"))).group(1))
+    rows = {line.split()[3]: line for line in lines if line.startswith("small 3x3")}
+    assert set(rows) == {"float64", "bfloat16"}, lines
+    needed = float(re.search(r" \d+/\d+/(\d+) ", rows["float64"]).group(1))
+    share = float(re.search(r" (\d+)% ", rows["float64"]).group(1))
+    # Both printed rounded: the share from unrounded rates may differ from the quotient of rounded ones by a little.
+    assert abs(share - 100 * needed / peak) <= 1 + 100 * 0.5 / peak, (share, needed, peak)
+    # Halves have no probe of their own: no share is claimed for them.
+    assert "%" not in rows["bfloat16"], rows["bfloat16"]
