@@ -39,7 +39,8 @@ import torch
 import torch.nn.functional as F
 
 import fuel_torch
-from fuel_torch.timing import ISA_CAPS, interleaved_medians, interleaved_samples, machine_line, ratio_range, rerun_with
+from fuel_torch.timing import (ISA_CAPS, add_isa_option, interleaved_samples, machine_line, multiply_add_peak,
+                               ratio_range, rerun_with)
 
 # (name, op, x shape, weight shape, geometry)
 SHAPES = [
@@ -149,12 +150,7 @@ def table_row(name: str, dtype_name: str, ours_samples: list[float], theirs_samp
 def peak_rates(threads: int) -> dict[str, float]:
     """The vector multiply-add probe's rate in GFLOP/s (the Judge's compute roof probe) at this
     thread count, float32 and float64."""
-    rates = {}
-    for dtype in ("float32", "float64"):
-        seconds = interleaved_medians({"probe": lambda: fuel_torch._C.peak_probe(dtype, 200_000)}, repeats=5,
-                                      threads=threads)["probe"]
-        rates[dtype] = fuel_torch._C.peak_probe(dtype, 200_000) / seconds / 1e9
-    return rates
+    return {dtype: multiply_add_peak(dtype, threads, repeats=5) for dtype in ("float32", "float64")}
 
 
 def peak_line(threads: int, rates: dict[str, float]) -> str:
@@ -183,9 +179,7 @@ def main() -> None:
     parser.add_argument("--no-training", action="store_true", help="skip the ResNet basic block training step")
     parser.add_argument("--allocator", choices=["default", "steady"], default="default",
                         help="steady: glibc thresholds fixed so that no call's buffers are fresh mappings")
-    parser.add_argument("--isa", choices=["native", *ISA_CAPS], default="native",
-                        help="run torch and ours at this level (fuel_torch.timing.ISA_CAPS): a proxy for a CPU "
-                             "without the higher ones")
+    add_isa_option(parser)
     args = parser.parse_args()
     rerun_with({**({"GLIBC_TUNABLES": STEADY_TUNABLES} if args.allocator == "steady" else {}),
                 **ISA_CAPS.get(args.isa, {})})

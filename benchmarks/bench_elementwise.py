@@ -19,7 +19,7 @@ import torch
 
 import fuel_torch  # noqa: F401  (registers torch.ops.fuel)
 from fuel_torch.elementwise import OPS, TORCH_EQUIVALENT
-from fuel_torch.timing import ISA_CAPS, interleaved_samples, machine_line, ratio_range, rerun_with
+from fuel_torch.timing import ISA_CAPS, add_isa_option, interleaved_samples, machine_line, ratio_range, rerun_with
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 HALVES = (torch.bfloat16, torch.float16)
@@ -58,9 +58,7 @@ def main() -> None:
     parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=DTYPES)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--repeats", type=int, default=9)
-    parser.add_argument("--isa", choices=["native", *ISA_CAPS], default="native",
-                        help="run torch and ours at this level (fuel_torch.timing.ISA_CAPS): a proxy for a CPU "
-                             "without the higher ones")
+    add_isa_option(parser)
     args = parser.parse_args()
     rerun_with(ISA_CAPS.get(args.isa, {}))
     torch.set_num_threads(args.threads)

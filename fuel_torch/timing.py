@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import platform
 import statistics
+import sys
 from typing import Callable, Mapping
 
 import torch
@@ -66,6 +67,26 @@ def compare(ours: Callable[[], object], theirs: Callable[[], object], **kwargs) 
     return medians["ours"], medians["theirs"]
 
 
+# Rounds of the multiply-add probe per call: about 0.4 ms of a 264 GFLOP/s float32 core.
+PROBE_ITERATIONS = 200_000
+
+
+def multiply_add_peak(dtype: str, threads: int | None = None, probe: Callable[[str, int], float] | None = None,
+                      **kwargs) -> float:
+    """GFLOP/s of the vector multiply-add probe (`probe`, default fuel_torch._C.peak_probe: fuel's
+    level, 'float32' or 'float64') at `threads` threads (default: torch's count), timed by
+    interleaved_medians with `kwargs`. The probe runs its rounds on each of torch's threads, so its
+    count is taken per thread at this process's count and scaled to `threads`."""
+    if probe is None:
+        from fuel_torch import _C
+
+        probe = _C.peak_probe
+    threads = threads or torch.get_num_threads()
+    per_thread = probe(dtype, PROBE_ITERATIONS) / torch.get_num_threads()
+    seconds = interleaved_medians({"probe": lambda: probe(dtype, PROBE_ITERATIONS)}, threads=threads, **kwargs)["probe"]
+    return per_thread * threads / seconds / 1e9
+
+
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as info:
@@ -99,6 +120,13 @@ ISA_CAPS: dict[str, dict[str, str]] = {
 }
 
 
+def add_isa_option(parser) -> None:
+    """A benchmark's --isa option: `native`, or a level of ISA_CAPS to re-run at (rerun_with)."""
+    parser.add_argument("--isa", choices=["native", *ISA_CAPS], default="native",
+                        help="run torch and ours at this level (fuel_torch.timing.ISA_CAPS): a proxy for a CPU "
+                             "without the higher ones")
+
+
 def isa_cap_note() -> str:
     """The machine line's note where oneDNN's ISA is capped (ISA_CAPS), else nothing."""
     cap = os.environ.get("ONEDNN_MAX_CPU_ISA")
@@ -108,7 +136,5 @@ def isa_cap_note() -> str:
 def rerun_with(environment: Mapping[str, str]) -> None:
     """Re-executes this script with `environment` added to its own, unless it has it already: the
     variables take effect only when the libraries load (the allocator's tunables, ISA_CAPS)."""
-    import sys
-
     if any(os.environ.get(name) != value for name, value in environment.items()):
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **environment})

@@ -32,8 +32,6 @@ from fuel_torch.expr import ExprError
 
 LEVEL = {"quick": dict(repeats=3, sample_s=5e-4), "default": dict(repeats=7, sample_s=2e-3),
          "full": dict(repeats=15, sample_s=5e-3)}
-# Rounds of the multiply-add probe per call: about 0.4 ms of a 264 GFLOP/s float32 core.
-PROBE_ITERATIONS = 200_000
 RECHECK_LEVEL = "full"  # a figure above its roof is measured again with the most repeats
 COMPUTE_CLASSES = ("conv", "matmul", "gemm")
 # Two medians of the same quantity differ by a few per cent on a quiet machine; a figure within
@@ -170,14 +168,8 @@ class Roofs:
         seconds = clock.interleaved_medians({"mm": lambda: torch.mm(a, b)}, threads=self.threads, **timing)["mm"]
         candidates = [(2 * n**3 / seconds / 1e9, f"torch.mm {n}x{n}, {self.threads} threads")]
         if dtype in (torch.float32, torch.float64):
-            name = str(dtype).replace("torch.", "")
-            # The probe runs its rounds on each of torch's threads: the count here is at this
-            # process's thread count, the timing at self.threads.
-            per_thread = _C.peak_probe(name, PROBE_ITERATIONS) / torch.get_num_threads()
-            seconds = clock.interleaved_medians({"probe": lambda: _C.peak_probe(name, PROBE_ITERATIONS)},
-                                                threads=self.threads, **timing)["probe"]
-            candidates.append((per_thread * self.threads / seconds / 1e9,
-                               f"vector multiply-adds at {_C.cpu_capability()}, {self.threads} threads"))
+            rate = clock.multiply_add_peak(str(dtype).replace("torch.", ""), self.threads, _C.peak_probe, **timing)
+            candidates.append((rate, f"vector multiply-adds at {_C.cpu_capability()}, {self.threads} threads"))
         rate, by = max(candidates)
         return {"GFLOPs": rate, "by": by}
 
