@@ -409,6 +409,21 @@ def test_few_channel_blocks_give_the_same_sums(op, geometry, dtype):
             assert reference.bit_equal(few, everything[:, :cout]), (width, cout)
 
 
+@pytest.mark.parametrize("cin", [30, 100], ids=str)
+def test_taps_sharing_rows_give_the_same_sums(cin):
+    """A kernel's columns read one plane row, shifted, so a 1 x 3 kernel takes its taps in longer
+    pieces than a 3 x 1 one, whose taps each read a row of their own (micro_kernel.h, taps_per_piece).
+    A piece only chooses how long the running sums stay in registers: the 1 x 3 convolution of x must
+    be the same bits as the 3 x 1 convolution of x and the weights transposed, whose taps are the same
+    products in the same order. 100 channels: 300 taps, two chunks and pieces of several lengths.
+    float64, the one dtype that takes the chassis on every CPU."""
+    generator = torch.Generator().manual_seed(cin)
+    x, w, b = operands("conv2d", 2, cin, 12, 1, (1, 3), (9, 37), True, torch.float64, generator)
+    rows = fuel_torch.conv2d(x, w, b, padding=(0, 1))
+    columns = fuel_torch.conv2d(x.transpose(2, 3).contiguous(), w.transpose(2, 3).contiguous(), b, padding=(1, 0))
+    assert reference.bit_equal(rows, columns.transpose(2, 3))
+
+
 # ---------------------------------------------------------------------------------------------
 # Determinism
 

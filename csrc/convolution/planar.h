@@ -128,6 +128,16 @@ void tap_runs(const Problem& p, const PaddedPlanes& pl, const Phase& ph, const P
   }
 }
 
+// How many of phase pw's kernel columns read each plane row: those whose offsets share a residue
+// read the same row of the same plane, a column apart (a 3x3's three, a 7x7/2's three or four).
+inline int64_t columns_per_row(const Phase& pw, int64_t step_w) {
+  std::vector<int64_t> residues;
+  for (const Tap& b : pw.taps) residues.push_back(split(b.offset, step_w).r);
+  std::sort(residues.begin(), residues.end());
+  const int64_t rows = std::unique(residues.begin(), residues.end()) - residues.begin();
+  return rows == 0 ? 1 : static_cast<int64_t>(pw.taps.size()) / rows;
+}
+
 // Whether x's images already are their padded planes: an unpadded stride-1 NCHW input of the
 // accumulator type (a 1x1 convolution's, or any unpadded one), whose planes lie back to back. A
 // task's runs read up to the planes' slack past a plane's end, which stays inside x for every plane
@@ -177,6 +187,8 @@ void convolve_planar(const Problem& p, const ChassisPlan& plan, const PaddedPlan
   const int64_t row_blocks = (max_rows + rows_per_task - 1) / rows_per_task;
   const int64_t ld = staggered_pitch<acc_t>((rows_per_task * pl.Wp + block_width - 1) / block_width * block_width);
   const int64_t image_size = p.Cin * pl.step_h * pl.step_w * pl.size;
+  std::vector<int64_t> pieces;  // taps per piece, per phase along w
+  for (const Phase& pw : plan.ax_w.phases) pieces.push_back(taps_per_piece(columns_per_row(pw, pl.step_w)));
 
   at::parallel_for(0, others * row_blocks, 1, [&](int64_t first_task, int64_t last_task) {
     const auto outer = scratch<acc_t>(plan.chunk_rows * ld), partial = scratch<acc_t>(plan.chunk_rows * ld);
@@ -208,7 +220,7 @@ void convolve_planar(const Problem& p, const ChassisPlan& plan, const PaddedPlan
       for (int64_t t0 = 0; t0 < taps; t0 += kTapChunk) {
         const int64_t t1 = std::min(taps, t0 + kTapChunk);
         multiply<acc_t>(rows, w, taps, t0, runs.data() + t0, t1 - t0, outer.get(), partial.get(), ld, width,
-                        t0 == 0 ? task_bias : nullptr);
+                        t0 == 0 ? task_bias : nullptr, pieces[j]);
       }
       // Grid position (jh, jw) is output (r_h + out_step_h * jh, r_w + out_step_w * jw).
       const int64_t step = plan.ax_w.out_step * ol.w;
