@@ -354,7 +354,7 @@ void store_unit_step_rows(const float* c, float* turned, const PatchBlock& blk, 
         continue;
       }
       transpose_tile(tile, blk.ldc, turned, int64_t(16));
-      for (int64_t ch = 0; ch < channels; ++ch) narrow<scalar_t>(turned + ch * 16, row + (co + ch) * ol.c, span);
+      for (int64_t ch = 0; ch < channels; ++ch) narrow_from_padded<scalar_t>(turned + ch * 16, row + (co + ch) * ol.c, span);
     }
     m += span;
   }
@@ -410,7 +410,8 @@ std::optional<std::pair<int64_t, int64_t>> paired_column_phases(const Axis& ax_w
 // dst[2t] = even[t], dst[2t + 1] = odd[t] for t below evens and odds: one output row's columns from
 // its two column phases, narrowed as narrow() narrows. The residue-0 phase holds ceil(W / 2) columns
 // of a row and the residue-1 phase floor(W / 2), so evens - odds is 0 or 1 and a row's piece is the
-// first evens + odds interleaved elements, its short end under masks: pieces of 16 positions cut at
+// first evens + odds interleaved elements, its short end under masks (the stores only: the loads
+// are whole, from a buffer with slack, as in narrow_from_padded): pieces of 16 positions cut at
 // grid rows' ends are mostly short (a 28-column phase's rows go 16 + 12, 4 + 16 + 8, ...): element
 // by element, the store took a third of a bfloat16 k4/s2 upsampling's time on a Zen 5, masked a
 // sixth (0.92 -> 0.73 ms at 1 thread; float32 1.50 -> 1.42 ms).
@@ -420,7 +421,7 @@ inline void interleave_columns(const float* even, const float* odd, int64_t even
   constexpr int64_t V = Vec::size();
   for (int64_t t = 0; t < evens; t += V) {
     const int64_t n_even = std::min(V, evens - t), n_odd = std::clamp<int64_t>(odds - t, 0, V);
-    const auto [lo, hi] = at::vec::interleave2<float>(Vec::loadu(even + t, n_even), Vec::loadu(odd + t, n_odd));
+    const auto [lo, hi] = at::vec::interleave2<float>(Vec::loadu(even + t), Vec::loadu(odd + t));
     const int64_t n = n_even + n_odd;
     if constexpr (std::is_same_v<scalar_t, float>) {
       lo.store(dst + 2 * t, std::min(n, V));
