@@ -22,9 +22,9 @@ static_assert(kTapChunk % kPiece == 0 && kPiece % kBlock == 0, "pieces must hold
 
 // Taps per piece where `sharing` taps read the same lines (a 3x3's three kernel columns read one
 // plane row, shifted by a column): up to kPiece * sharing taps, the next whole division of the chunk.
-// Fewer pieces, fewer round trips of the running sums through `partial`: float64 at 1 thread on a
-// Zen 5, 3x3 convolutions took 8-14% less time with whole chunks than with 64 taps; a 1x1's (no
-// sharing) took 6-18% more.
+// Fewer pieces, fewer round trips of the running sums through `partial`: at 1 thread on a Zen 5,
+// float64 3x3 convolutions took 3-14% less time with whole chunks than with 64 taps; a 1x1's (no
+// sharing) took 3-18% more (float64, float16).
 inline int64_t taps_per_piece(int64_t sharing) {
   int64_t piece = kPiece;
   while (piece < kTapChunk && piece < kPiece * sharing) piece *= 2;
@@ -172,10 +172,9 @@ int64_t multiply_few(const acc_t* w, const acc_t* const* cols, int64_t s0, int64
   return p;
 }
 
-// All rows x all positions of one tap chunk, piece by piece (`piece` taps: kPiece or
-// taps_per_piece); within a piece, positions go in the
-// outer loop so that the piece's inputs for a position block stay in L1 while every channel block
-// reads them. w: the task's packed weights (rows x all_taps, packed_weight_index); the chunk starts
+// All rows x all positions of one tap chunk, piece by piece (`piece` taps: kPiece, or
+// taps_per_piece's); within a piece, positions go in the outer loop so that the piece's inputs for a
+// position block stay in L1 while every channel block reads them. w: the task's packed weights (rows x all_taps, packed_weight_index); the chunk starts
 // at tap t0 and cols[0..taps) are its inputs. width is a multiple of kVectorBlock vectors; partial
 // has outer's shape.
 template <typename acc_t>

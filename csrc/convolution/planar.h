@@ -134,8 +134,8 @@ inline int64_t columns_per_row(const Phase& pw, int64_t step_w) {
   std::vector<int64_t> residues;
   for (const Tap& b : pw.taps) residues.push_back(split(b.offset, step_w).r);
   std::sort(residues.begin(), residues.end());
-  const int64_t rows = std::unique(residues.begin(), residues.end()) - residues.begin();
-  return rows == 0 ? 1 : static_cast<int64_t>(pw.taps.size()) / rows;
+  const int64_t distinct = std::unique(residues.begin(), residues.end()) - residues.begin();
+  return distinct == 0 ? 1 : static_cast<int64_t>(pw.taps.size()) / distinct;
 }
 
 // Whether x's images already are their padded planes: an unpadded stride-1 NCHW input of the
