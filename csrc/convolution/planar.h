@@ -128,14 +128,16 @@ void tap_runs(const Problem& p, const PaddedPlanes& pl, const Phase& ph, const P
   }
 }
 
-// How many of phase pw's kernel columns read each plane row: those whose offsets share a residue
-// read the same row of the same plane, a column apart (a 3x3's three, a 7x7/2's three or four).
+// How many of phase pw's kernel columns read the plane row its first one reads: those whose offsets
+// share its residue, a column apart (a 3x3's three, a 7x7/2's four). Counted, not sorted: a
+// std::sort here would be a template instance compiled with this level's instructions, which the
+// linker may keep for every level (test_isa_levels).
 inline int64_t columns_per_row(const Phase& pw, int64_t step_w) {
-  std::vector<int64_t> residues;
-  for (const Tap& b : pw.taps) residues.push_back(split(b.offset, step_w).r);
-  std::sort(residues.begin(), residues.end());
-  const int64_t distinct = std::unique(residues.begin(), residues.end()) - residues.begin();
-  return distinct == 0 ? 1 : static_cast<int64_t>(pw.taps.size()) / distinct;
+  if (pw.taps.empty()) return 1;
+  const int64_t first = split(pw.taps[0].offset, step_w).r;
+  int64_t same = 0;
+  for (const Tap& b : pw.taps) same += split(b.offset, step_w).r == first;
+  return same;
 }
 
 // Whether x's images already are their padded planes: an unpadded stride-1 NCHW input of the
