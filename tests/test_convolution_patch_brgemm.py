@@ -119,8 +119,10 @@ def test_nchw_outputs_have_the_bits_of_channels_last_ones(case, dtype):
     assert reference.bit_equal(nchw, nhwc.contiguous())
 
 
-# Transposed convs of stride 2 along the rows: float32 NCHW outputs store the two column phases
-# together (whole 16-position segments interleaved, the rest phase by phase).
+# Transposed convs of stride 2 along the rows: NCHW outputs store the two column phases together
+# (C's rows interleaved, 8 positions of an output row at a time: whole pieces straight into the
+# output, a row's short end under a mask; the last block of phases of different lengths phase by
+# phase).
 COLUMN_PAIR_CASES = [
     ("conv_transpose2d", 2, 32, 24, 1, (4, 4), (5, 20), {"stride": 2, "padding": 1}, True),  # 40 columns
     ("conv_transpose2d", 1, 16, 40, 1, (3, 3), (6, 19), {"stride": 2, "padding": 1}, True),  # phases of 19, 18
@@ -132,8 +134,8 @@ COLUMN_PAIR_CASES = [
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("case", COLUMN_PAIR_CASES, ids=lambda c: f"{c[2]}x{c[3]}-g{c[4]}-{c[5]}-{c[6]}")
 def test_column_phases_stored_together_give_the_bits_stored_apart(case, dtype):
-    """A channels_last output takes C's rows as they are, phase by phase; an NCHW one (float32)
-    interleaves the two column phases. Both store the same C, so the bits are equal."""
+    """A channels_last output takes C's rows as they are, phase by phase; an NCHW one interleaves
+    the two column phases. Both store the same C, so the bits are equal."""
     op, n, cin, cout, groups, kernel, spatial, geometry, bias = case
     x, w, b = operands(op, n, cin, cout, groups, kernel, spatial, bias, dtype, torch.Generator().manual_seed(cin))
     before = patch_images()

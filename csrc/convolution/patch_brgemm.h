@@ -394,11 +394,11 @@ void store_patch_block(const float* c, float* turned, const PatchBlock& blk, int
 }
 
 // A transposed conv's two column phases (stride 2 along the row, residues 0 and 1), in place, of an
-// NCHW output: a task computes both phases' C for the same grid positions, and 16 positions of one
-// output row from each are 32 adjacent columns, written as whole vectors. Stored phase by phase,
-// each writes every other column one element at a time (a fifth of a k4/s2 upsampling's time in
-// float32 on a Zen 3; in bfloat16, each rounded on its own, as long as the brgemms on a Zen 5).
-// Returns the indices of the residue-0 and residue-1 phases where that holds.
+// NCHW output: a task computes both phases' C for the same grid positions, and 8 positions of one
+// output row from each are 16 adjacent columns, written as whole vectors (store_column_pair). Stored
+// phase by phase, each writes every other column one element at a time (a fifth of a k4/s2
+// upsampling's time in float32 on a Zen 3; in bfloat16, each rounded on its own, as long as the
+// brgemms on a Zen 5). Returns the indices of the residue-0 and residue-1 phases where that holds.
 template <typename scalar_t>
 std::optional<std::pair<int64_t, int64_t>> paired_column_phases(const Axis& ax_w, bool in_place, const Layout& ol) {
   if (!in_place || ol.w != 1 || ax_w.out_step != 2 || ax_w.phases.size() != 2) return std::nullopt;
@@ -407,65 +407,52 @@ std::optional<std::pair<int64_t, int64_t>> paired_column_phases(const Axis& ax_w
   return std::pair<int64_t, int64_t>{even, 1 - even};
 }
 
-// dst[2t] = even[t], dst[2t + 1] = odd[t] for t below evens and odds: one output row's columns from
-// its two column phases, narrowed as narrow() narrows. The residue-0 phase holds ceil(W / 2) columns
-// of a row and the residue-1 phase floor(W / 2), so evens - odds is 0 or 1 and a row's piece is the
-// first evens + odds interleaved elements, its short end under masks (the stores only: the loads
-// are whole, from a buffer with slack, as in narrow_from_padded): pieces of 16 positions cut at
-// grid rows' ends are mostly short (a 28-column phase's rows go 16 + 12, 4 + 16 + 8, ...): element
-// by element, the store took a third of a bfloat16 k4/s2 upsampling's time on a Zen 5, masked a
-// sixth (0.92 -> 0.73 ms at 1 thread; float32 1.50 -> 1.42 ms).
+// The two column phases' C, interleaved ([position][phase][channel]: a position's rows 2 * blk.ldc
+// apart), into the output. A 16 x 16 tile from position m's first row holds positions m..m + 7 of
+// both phases in output order, so turned round, each channel's row is 16 adjacent output columns.
+// Taken output row by output row, 8 positions at a time: a whole piece straight into the output, a
+// row's short end (28 columns: 8 + 8 + 8 + 4) through `turned` under a mask. (From separate C blocks,
+// turned round 16 positions at a time and interleaved per channel, pieces were cut at both the
+// block's segments and the rows' ends: the store took an eighth of a bfloat16 k4/s2 upsampling's
+// kernel time on a Zen 5.) A block whose phases end apart (the last one of phases of different
+// lengths) goes phase by phase (store_patch_block).
 template <typename scalar_t>
-inline void interleave_columns(const float* even, const float* odd, int64_t evens, int64_t odds, scalar_t* dst) {
-  using Vec = Vectorized<float>;
-  constexpr int64_t V = Vec::size();
-  for (int64_t t = 0; t < evens; t += V) {
-    const int64_t n_even = std::min(V, evens - t), n_odd = std::clamp<int64_t>(odds - t, 0, V);
-    const auto [lo, hi] = at::vec::interleave2<float>(Vec::loadu(even + t), Vec::loadu(odd + t));
-    const int64_t n = n_even + n_odd;
-    if constexpr (std::is_same_v<scalar_t, float>) {
-      lo.store(dst + 2 * t, std::min(n, V));
-      if (n > V) hi.store(dst + 2 * t + V, n - V);
-    } else {
-      at::vec::convert_from_float<scalar_t>(lo, hi).store(dst + 2 * t, n);
-    }
-  }
-}
-
-// The two column phases' C blocks (the same grid positions, `pitch` apart per grid row) into the
-// output: each 16-position segment of both turned round, then each output row's piece of it
-// written as interleaved vectors. A segment the phases do not share (the last block of phases of
-// different lengths) goes phase by phase (store_patch_block).
-template <typename scalar_t>
-void store_column_pair(const float* c_even, const float* c_odd, float* turned, const PatchBlock& blk, int64_t rows_even,
-                       int64_t rows_odd, int64_t cols, int64_t m0, int64_t pitch, const Phase& ph, const Phase& pw_even,
+void store_column_pair(const float* c, float* turned, const PatchBlock& blk, int64_t rows_even, int64_t rows_odd,
+                       int64_t cols, int64_t m0, int64_t pitch, const Phase& ph, const Phase& pw_even,
                        const Phase& pw_odd, const Axis& ax_h, const Axis& ax_w, scalar_t* out_nc, const Layout& ol) {
-  float* const turned_odd = turned + 16 * 16;
-  for (int64_t m = 0; m < std::max(rows_even, rows_odd); m += 16) {
-    const int64_t segment = std::clamp<int64_t>(rows_even - m, 0, 16);
-    if (segment != std::clamp<int64_t>(rows_odd - m, 0, 16)) {
-      for (const auto& [c, rows, pw] : {std::tuple{c_even, rows_even, &pw_even}, std::tuple{c_odd, rows_odd, &pw_odd}}) {
-        if (rows > m) {
-          store_patch_block<scalar_t>(c + m * blk.ldc, turned, blk, std::min<int64_t>(16, rows - m), cols, m0 + m,
-                                      pitch, ph, *pw, ax_h, ax_w, out_nc, ol);
-        }
-      }
+  const PatchBlock one_phase{blk.rows, 2 * blk.ldc};
+  if (rows_even != rows_odd) {
+    store_patch_block<scalar_t>(c, turned, one_phase, rows_even, cols, m0, pitch, ph, pw_even, ax_h, ax_w, out_nc, ol);
+    if (rows_odd > 0) {
+      store_patch_block<scalar_t>(c + blk.ldc, turned, one_phase, rows_odd, cols, m0, pitch, ph, pw_odd, ax_h, ax_w,
+                                  out_nc, ol);
+    }
+    return;
+  }
+  for (int64_t m = 0; m < rows_even;) {
+    const int64_t jh = (m0 + m) / pitch, jw = (m0 + m) % pitch;
+    if (jw >= pw_even.count) {  // computed past the grid row's end (in place), dropped
+      m += pitch - jw;
       continue;
     }
+    // The residue-0 phase has ceil(W / 2) columns, the residue-1 phase floor(W / 2): a piece's output
+    // columns are its first evens + odds interleaved ones.
+    const int64_t evens = std::min({int64_t(8), pw_even.count - jw, rows_even - m});
+    const int64_t columns = evens + std::clamp<int64_t>(pw_odd.count - jw, 0, evens);
+    scalar_t* row = out_nc + (ph.r + ax_h.out_step * jh) * ol.h + 2 * jw;
     for (int64_t co = 0; co < cols; co += 16) {
-      transpose_tile(c_even + m * blk.ldc + co, blk.ldc, turned, int64_t(16));
-      transpose_tile(c_odd + m * blk.ldc + co, blk.ldc, turned_odd, int64_t(16));
-      for (int64_t s = 0; s < segment;) {
-        const int64_t jh = (m0 + m + s) / pitch, jw = (m0 + m + s) % pitch, span = std::min(segment - s, pitch - jw);
-        const int64_t evens = std::clamp<int64_t>(pw_even.count - jw, 0, span);
-        const int64_t odds = std::clamp<int64_t>(pw_odd.count - jw, 0, span);
-        scalar_t* row = out_nc + (ph.r + ax_h.out_step * jh) * ol.h + 2 * jw;
-        for (int64_t ch = 0; ch < std::min<int64_t>(16, cols - co); ++ch) {
-          interleave_columns(turned + ch * 16 + s, turned_odd + ch * 16 + s, evens, odds, row + (co + ch) * ol.c);
-        }
-        s += span;
+      const float* tile = c + 2 * m * blk.ldc + co;
+      const int64_t channels = std::min<int64_t>(16, cols - co);
+      if (columns == 16 && channels == 16) {
+        transpose_tile(tile, blk.ldc, row + co * ol.c, ol.c);
+        continue;
+      }
+      transpose_tile(tile, blk.ldc, turned, int64_t(16));
+      for (int64_t ch = 0; ch < channels; ++ch) {
+        narrow_from_padded<scalar_t>(turned + ch * 16, row + (co + ch) * ol.c, columns);
       }
     }
+    m += evens;
   }
 }
 
@@ -528,18 +515,17 @@ void copy_patches(const PatchPhase& pp, const PatchStaging& st, const Axis& ax_h
   }
 }
 
-// A thread's buffers: A (copied patches), C per column phase (zeroed once: the transposes read
-// whole 16 x 16 tiles of C past a short block's rows, up to kTileSlackRows past its end) and the
-// transposes' buffer.
+// A thread's buffers: A (copied patches), C (zeroed once: the transposes read whole 16 x 16 tiles
+// of C past a short block's rows, up to kTileSlackRows past its end; a column pair's two phases
+// interleaved, twice the rows) and the transposes' buffer.
 template <typename scalar_t>
 struct PatchBuffers {
   static constexpr int64_t kCFloats = kPatchBlock + kTileSlackRows * kPatchChannels;
   std::unique_ptr<scalar_t[]> a;
-  std::vector<float> c, c_odd, turned;
+  std::vector<float> c, turned;
   PatchBuffers(const PatchPlan& plan, bool column_pair)
       : a(scratch<scalar_t>(plan.in_place ? 0 : kPatchRows * plan.max_K + kRunSlack)),
-        c(kCFloats, 0.f),
-        c_odd(column_pair ? kCFloats : 0, 0.f),
+        c((column_pair ? 2 : 1) * kCFloats, 0.f),
         turned(kPatchBlock) {}
 };
 
@@ -577,26 +563,26 @@ struct PatchCall {
 
   // C += A[:, 0, K) B[0, K), in chunks of at most kPatchChunk terms: brgemm sums each chunk from
   // zero and adds it to C (bfloat16: chunks of 32 pairs inside the unit as well).
-  void accumulate(float* c, int64_t rows, int64_t cols, int64_t K, const scalar_t* a, int64_t lda, const scalar_t* b,
-                  int64_t ldb) const {
+  void accumulate(float* c, int64_t ldc, int64_t rows, int64_t cols, int64_t K, const scalar_t* a, int64_t lda,
+                  const scalar_t* b, int64_t ldb) const {
     const int64_t chunk = paired ? K : kPatchChunk;
     for (int64_t k0 = 0; k0 < K; k0 += chunk) {
-      at::native::cpublas::brgemm(rows, cols, std::min(chunk, K - k0), lda, ldb, blk.ldc, true, a + k0, b + k0 * ldb, c,
+      at::native::cpublas::brgemm(rows, cols, std::min(chunk, K - k0), lda, ldb, ldc, true, a + k0, b + k0 * ldb, c,
                                   paired);
     }
   }
 
-  // C of phase pp of group g for output channels [co0, co0 + cols): the bias, then the patch, read
-  // in place from the image or from the copied patches a.
+  // C of phase pp of group g for output channels [co0, co0 + cols), its rows ldc apart: the bias,
+  // then the patch, read in place from the image or from the copied patches a.
   void compute(const PatchPhase& pp, int64_t g, const scalar_t* image, const scalar_t* a, int64_t m0, int64_t rows,
-               int64_t co0, int64_t cols, float* c) const {
+               int64_t co0, int64_t cols, float* c, int64_t ldc) const {
     const int64_t Cout_g = p.Cout / p.groups;
-    for (int64_t m = 0; m < rows; ++m) copy_run(bias.data() + g * Cout_g + co0, c + m * blk.ldc, cols);
+    for (int64_t m = 0; m < rows; ++m) copy_run(bias.data() + g * Cout_g + co0, c + m * ldc, cols);
     const scalar_t* b = packed.data() + g * static_cast<int64_t>(packed.size()) / p.groups + pp.weight_offset +
                         co0 * (paired ? 2 : 1);
-    if (!plan.in_place) return accumulate(c, rows, cols, pp.K, a, pp.K, b, Cout_g);
+    if (!plan.in_place) return accumulate(c, ldc, rows, cols, pp.K, a, pp.K, b, Cout_g);
     for (size_t r = 0; r < pp.runs.size(); ++r) {
-      accumulate(c, rows, cols, pp.runs[r].length, image + m0 * plan.st.Cp + pp.runs[r].offset, plan.st.Cp,
+      accumulate(c, ldc, rows, cols, pp.runs[r].length, image + m0 * plan.st.Cp + pp.runs[r].offset, plan.st.Cp,
                  b + pp.run_k[r] * Cout_g, Cout_g);
     }
   }
@@ -616,16 +602,19 @@ struct PatchCall {
       copy_patches(pp_first, plan.st, ax_h, ax_w, ax_w.phases[j_first].count, image, m0, rows_first, buf.a.get());
     }
     scalar_t* out_group = out + n * ol.n + g * Cout_g * ol.c;
+    // A column pair's C: the two phases' rows interleaved (store_column_pair).
+    const int64_t ldc = column_pair ? 2 * blk.ldc : blk.ldc;
     for (int64_t co0 = 0; co0 < Cout_g; co0 += blk.ldc) {
       const int64_t cols = std::min(blk.ldc, Cout_g - co0);
-      if (rows_first > 0) compute(pp_first, g, image, buf.a.get(), m0, rows_first, co0, cols, buf.c.data());
+      if (rows_first > 0) compute(pp_first, g, image, buf.a.get(), m0, rows_first, co0, cols, buf.c.data(), ldc);
       if (column_pair) {
         if (rows_second > 0) {
-          compute(plan.phases[i * n_pw() + j_second], g, image, nullptr, m0, rows_second, co0, cols, buf.c_odd.data());
+          compute(plan.phases[i * n_pw() + j_second], g, image, nullptr, m0, rows_second, co0, cols,
+                  buf.c.data() + blk.ldc, ldc);
         }
-        store_column_pair<scalar_t>(buf.c.data(), buf.c_odd.data(), buf.turned.data(), blk, rows_first, rows_second,
-                                    cols, m0, pitch(j_first), ph, ax_w.phases[j_first], ax_w.phases[j_second], ax_h,
-                                    ax_w, out_group + co0 * ol.c, ol);
+        store_column_pair<scalar_t>(buf.c.data(), buf.turned.data(), blk, rows_first, rows_second, cols, m0,
+                                    pitch(j_first), ph, ax_w.phases[j_first], ax_w.phases[j_second], ax_h, ax_w,
+                                    out_group + co0 * ol.c, ol);
         continue;
       }
       store_patch_block<scalar_t>(buf.c.data(), buf.turned.data(), blk, rows_first, cols, m0, pitch(j_first), ph,
