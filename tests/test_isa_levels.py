@@ -22,6 +22,7 @@ import torch
 import fuel_torch
 from fuel_torch.capability import LEVELS, built_capabilities, supported_capabilities
 from fuel_torch.reference import bits, ulp_distance
+from fuel_torch.timing import ISA_CAPS
 
 from elementwise_cases import DTYPES, c99_fixed, pow_reference
 
@@ -215,5 +216,4 @@ def test_a_benchmark_run_with_isa_holds_both_sides_to_the_level(level):
     assert result.returncode == 0, result.stderr
     machine = next(line for line in result.stdout.splitlines() if line.startswith("CPU: "))
     assert f"capability {level}; fuel capability {level};" in machine, machine
-    from fuel_torch.timing import ISA_CAPS
     assert f"ISA capped (oneDNN {ISA_CAPS[level]['ONEDNN_MAX_CPU_ISA']}" in machine, machine

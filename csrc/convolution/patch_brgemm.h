@@ -407,53 +407,19 @@ std::optional<std::pair<int64_t, int64_t>> paired_column_phases(const Axis& ax_w
   return std::pair<int64_t, int64_t>{even, 1 - even};
 }
 
-// The two column phases' C, interleaved ([position][phase][channel]: a position's rows 2 * blk.ldc
-// apart), into the output. A 16 x 16 tile from position m's first row holds positions m..m + 7 of
-// both phases in output order, so turned round, each channel's row is 16 adjacent output columns.
-// Taken output row by output row, 8 positions at a time: a whole piece straight into the output, a
-// row's short end (28 columns: 8 + 8 + 8 + 4) through `turned` under a mask. (From separate C blocks,
-// turned round 16 positions at a time and interleaved per channel, pieces were cut at both the
-// block's segments and the rows' ends: the store took an eighth of a bfloat16 k4/s2 upsampling's
-// kernel time on a Zen 5.) A block whose phases end apart (the last one of phases of different
-// lengths) goes phase by phase (store_patch_block).
+// The two column phases' C, interleaved ([position][phase][channel]: C's row q = 2m + phase), into
+// the output. Row q of grid row jh is output column 2 jw + phase of that row, so the pair is one
+// unit-step phase of twice the columns and positions (store_unit_step_rows): 8 positions of both
+// phases per 16 x 16 transpose, 16 adjacent output columns per channel. Where W is odd the
+// residue-1 phase's last column is missing: it falls past the pair's count and is dropped. (From
+// separate C blocks, turned round 16 positions at a time and interleaved per channel and piece, the
+// store took an eighth of a bfloat16 k4/s2 upsampling's kernel time on a Zen 5.)
 template <typename scalar_t>
-void store_column_pair(const float* c, float* turned, const PatchBlock& blk, int64_t rows_even, int64_t rows_odd,
-                       int64_t cols, int64_t m0, int64_t pitch, const Phase& ph, const Phase& pw_even,
-                       const Phase& pw_odd, const Axis& ax_h, const Axis& ax_w, scalar_t* out_nc, const Layout& ol) {
-  const PatchBlock one_phase{blk.rows, 2 * blk.ldc};
-  if (rows_even != rows_odd) {
-    store_patch_block<scalar_t>(c, turned, one_phase, rows_even, cols, m0, pitch, ph, pw_even, ax_h, ax_w, out_nc, ol);
-    if (rows_odd > 0) {
-      store_patch_block<scalar_t>(c + blk.ldc, turned, one_phase, rows_odd, cols, m0, pitch, ph, pw_odd, ax_h, ax_w,
-                                  out_nc, ol);
-    }
-    return;
-  }
-  for (int64_t m = 0; m < rows_even;) {
-    const int64_t jh = (m0 + m) / pitch, jw = (m0 + m) % pitch;
-    if (jw >= pw_even.count) {  // computed past the grid row's end (in place), dropped
-      m += pitch - jw;
-      continue;
-    }
-    // The residue-0 phase has ceil(W / 2) columns, the residue-1 phase floor(W / 2): a piece's output
-    // columns are its first evens + odds interleaved ones.
-    const int64_t evens = std::min({int64_t(8), pw_even.count - jw, rows_even - m});
-    const int64_t columns = evens + std::clamp<int64_t>(pw_odd.count - jw, 0, evens);
-    scalar_t* row = out_nc + (ph.r + ax_h.out_step * jh) * ol.h + 2 * jw;
-    for (int64_t co = 0; co < cols; co += 16) {
-      const float* tile = c + 2 * m * blk.ldc + co;
-      const int64_t channels = std::min<int64_t>(16, cols - co);
-      if (columns == 16 && channels == 16) {
-        transpose_tile(tile, blk.ldc, row + co * ol.c, ol.c);
-        continue;
-      }
-      transpose_tile(tile, blk.ldc, turned, int64_t(16));
-      for (int64_t ch = 0; ch < channels; ++ch) {
-        narrow_from_padded<scalar_t>(turned + ch * 16, row + (co + ch) * ol.c, columns);
-      }
-    }
-    m += evens;
-  }
+void store_column_pair(const float* c, float* turned, const PatchBlock& blk, int64_t rows_even, int64_t cols,
+                       int64_t m0, int64_t pitch, const Phase& ph, const Phase& pw_even, const Phase& pw_odd,
+                       const Axis& ax_h, scalar_t* out_nc, const Layout& ol) {
+  const Phase pair{0, pw_even.count + pw_odd.count, {}};
+  store_unit_step_rows<scalar_t>(c, turned, blk, 2 * rows_even, cols, 2 * m0, 2 * pitch, ph, pair, ax_h, out_nc, ol);
 }
 
 // Stages every image into `staged` and returns, per image, whether this path computes it: every
@@ -612,9 +578,8 @@ struct PatchCall {
           compute(plan.phases[i * n_pw() + j_second], g, image, nullptr, m0, rows_second, co0, cols,
                   buf.c.data() + blk.ldc, ldc);
         }
-        store_column_pair<scalar_t>(buf.c.data(), buf.turned.data(), blk, rows_first, rows_second, cols, m0,
-                                    pitch(j_first), ph, ax_w.phases[j_first], ax_w.phases[j_second], ax_h, ax_w,
-                                    out_group + co0 * ol.c, ol);
+        store_column_pair<scalar_t>(buf.c.data(), buf.turned.data(), blk, rows_first, cols, m0, pitch(j_first), ph,
+                                    ax_w.phases[j_first], ax_w.phases[j_second], ax_h, out_group + co0 * ol.c, ol);
         continue;
       }
       store_patch_block<scalar_t>(buf.c.data(), buf.turned.data(), blk, rows_first, cols, m0, pitch(j_first), ph,
