@@ -29,7 +29,9 @@ KERNEL_DIR = os.path.join("csrc", "kernels")
 # produced library then needs libgomp.so.1, which torch already loaded (same soname), so
 # torch.set_num_threads governs our kernels too.
 # No -ffast-math or -Ofast anywhere: subnormals must survive (no flush-to-zero).
-COMPILE_ARGS = ["-O3", "-fopenmp", "-fvisibility=hidden"]
+# -std=c++20: the sources use it (std::bit_cast, std::make_unique_for_overwrite); torch 2.13's
+# cpp_extension passes it too, older ones pass c++17 unless a -std flag is given.
+COMPILE_ARGS = ["-O3", "-fopenmp", "-fvisibility=hidden", "-std=c++20"]
 # The kernels' copy loops stay loops: GCC turns them into memcpy calls (with a vzeroupper each),
 # which on the convolution's short output rows took 6% of a 7x7 stem.
 KERNEL_ARGS = ["-fno-tree-loop-distribute-patterns"]
