@@ -37,6 +37,10 @@ from test_convolution import API, check_values, operands
 CASES = [
     ("conv2d", 2, 3, 64, 1, (7, 7), (23, 22), {"stride": 2, "padding": 3}, True),  # stem: copied patches
     ("conv2d", 2, 64, 64, 1, (3, 3), (14, 15), {"padding": 1}, True),  # in place, runs of 3 taps
+    # In place, each row's right padding is the next row's left (PatchStaging::pitch): 2 columns
+    # shared, so no computed column is dropped; then 1 of 2 shared, asymmetric taps.
+    ("conv2d", 2, 32, 48, 1, (3, 3), (9, 9), {"padding": 2}, True),
+    ("conv2d", 1, 16, 32, 1, (3, 5), (7, 12), {"padding": (1, 1)}, False),
     ("conv2d", 1, 24, 40, 1, (3, 3), (12, 11), {"padding": 2, "dilation": 2}, False),  # copied, tap by tap
     ("conv2d", 2, 64, 64, 4, (3, 3), (10, 9), {"padding": 1, "groups": 4}, True),  # 16 channels per group
     ("conv2d", 2, 17, 20, 1, (3, 2), (9, 8), {"padding": (1, 0)}, True),  # odd channels: the pad channel

@@ -69,11 +69,18 @@ constexpr int64_t kPatchChunk = 64;
 constexpr double kStagingBudget = double(int64_t(256) << 20);
 
 // The staged input: image n's group g at data + (n * groups + g) * image_group, element
-// [row][column][channel] = x[n][g * Cin_g + channel][row + min_h][column + min_w], zero outside x.
+// [row][column][channel] = x[n][g * Cin_g + channel][row + min_h][column + min_w], zero outside x,
+// at (row * pitch + column) * Cp. A row's Ws columns start `pitch` after the previous row's: where
+// both sides are padded, the zero columns at a row's right end are the next row's left ones
+// (pitch = Ws - shared). In place, every staged row is a grid row of computed positions, so each
+// shared column is one position fewer computed and dropped (a 3x3 over 28 columns: 29 for 30).
 struct PatchStaging {
   int64_t Cp = 0;                // channels per position: Cin_g, bfloat16 rounded up to a pair
   int64_t min_h = 0, min_w = 0;  // the input row and column of staged row and column 0
-  int64_t Hs = 0, Ws = 0, image_group = 0;
+  int64_t Hs = 0, Ws = 0, pitch = 0, image_group = 0;
+  // The columns row i writes: its own pitch, the last row all Ws (the columns past the last
+  // pitch are the next rows' in every other row).
+  int64_t row_columns(int64_t i) const { return i + 1 == Hs ? Ws : pitch; }
 };
 
 // A run of `length` staged elements at `offset` from a position's first element: part of its patch.
@@ -113,7 +120,10 @@ bool patch_staging(const Problem& p, const Axis& ax_h, const Axis& ax_w, PatchSt
   if (!staging_extent(ax_h, st.min_h, st.Hs) || !staging_extent(ax_w, st.min_w, st.Ws)) return false;
   const double bytes = double(p.N) * p.groups * double(st.Hs) * double(st.Ws) * st.Cp * sizeof(scalar_t);
   if (bytes > kStagingBudget) return false;
-  st.image_group = st.Hs * st.Ws * st.Cp;
+  const int64_t left = std::clamp<int64_t>(-st.min_w, 0, st.Ws);
+  const int64_t right = st.Ws - std::clamp<int64_t>(p.W - st.min_w, left, st.Ws);
+  st.pitch = st.Ws - std::min(left, right);
+  st.image_group = ((st.Hs - 1) * st.pitch + st.Ws) * st.Cp;
   return true;
 }
 
@@ -132,7 +142,7 @@ inline std::vector<PatchPhase> patch_phases(const Axis& ax_h, const Axis& ax_w, 
         for (size_t b = 0; b < pp.taps_w.size();) {
           size_t end = b + 1;
           while (end < pp.taps_w.size() && pp.taps_w[end].offset == pp.taps_w[end - 1].offset + 1) ++end;
-          const int64_t offset = ((a.offset - st.min_h) * st.Ws + (pp.taps_w[b].offset - st.min_w)) * st.Cp;
+          const int64_t offset = ((a.offset - st.min_h) * st.pitch + (pp.taps_w[b].offset - st.min_w)) * st.Cp;
           pp.runs.push_back({offset, static_cast<int64_t>(end - b) * st.Cp});
           pp.run_k.push_back(pp.K);
           pp.K += static_cast<int64_t>(end - b) * st.Cp;
@@ -212,19 +222,20 @@ inline void copy_bytes(const char* src, char* dst, int64_t n) {
 #endif
 }
 
-// One staged row: row i of image n's group g, channels innermost.
+// One staged row: row i of image n's group g, channels innermost, its row_columns(i) columns (the
+// ones past them, shared zeros, are the next row's to write).
 template <typename scalar_t>
 void stage_row(const Problem& p, const PatchStaging& st, const scalar_t* x, const Layout& xl, int64_t n, int64_t g,
                int64_t i, scalar_t* row) {
-  const int64_t Cin_g = p.Cin / p.groups, ih = i + st.min_h;
+  const int64_t Cin_g = p.Cin / p.groups, ih = i + st.min_h, columns = st.row_columns(i);
   if (ih < 0 || ih >= p.H) {
-    std::memset(static_cast<void*>(row), 0, st.Ws * st.Cp * sizeof(scalar_t));
+    std::memset(static_cast<void*>(row), 0, columns * st.Cp * sizeof(scalar_t));
     return;
   }
   const int64_t lo = std::clamp<int64_t>(-st.min_w, 0, st.Ws), hi = std::clamp<int64_t>(p.W - st.min_w, lo, st.Ws);
   // Only the padding columns and the pad channel need zeros: the rest is written below.
   std::memset(static_cast<void*>(row), 0, lo * st.Cp * sizeof(scalar_t));
-  std::memset(static_cast<void*>(row + hi * st.Cp), 0, (st.Ws - hi) * st.Cp * sizeof(scalar_t));
+  std::memset(static_cast<void*>(row + hi * st.Cp), 0, (columns - hi) * st.Cp * sizeof(scalar_t));
   for (int64_t j = lo; j < hi && st.Cp > Cin_g; ++j) row[j * st.Cp + Cin_g] = scalar_t(0.f);
   const scalar_t* src = x + n * xl.n + g * Cin_g * xl.c + ih * xl.h + st.min_w * xl.w;
   if (xl.c == 1) {  // channels_last: a position's channels are already side by side
@@ -241,7 +252,7 @@ void stage_row(const Problem& p, const PatchStaging& st, const scalar_t* x, cons
     // position's store goes after it, or in the row's right padding (masked stores are slow on AMD,
     // and element by element this staging took a tenth of a 7x7/2 stem on a Zen 5). Positions whose
     // lanes would pass the row's end go one by one.
-    const int64_t whole_end = std::min(hi, (st.Ws * st.Cp - 16) / st.Cp + 1);
+    const int64_t whole_end = std::min(hi, (columns * st.Cp - 16) / st.Cp + 1);
     int64_t j = lo;
     for (; j + 16 <= whole_end; j += 16) transpose_tile(src + j, xl.c, row + j * st.Cp, st.Cp, Cin_g);
     for (; j < hi; ++j) {
@@ -274,12 +285,12 @@ void stage_input(const Problem& p, const PatchStaging& st, const scalar_t* x, co
   at::parallel_for(0, rows, std::max<int64_t>(1, 4096 / (st.Ws * st.Cp)), [&](int64_t first, int64_t last) {
     for (int64_t r = first; r < last; ++r) {
       const int64_t i = r % st.Hs, ng = r / st.Hs, g = ng % p.groups, n = ng / p.groups;
-      scalar_t* row = staged + ng * st.image_group + i * st.Ws * st.Cp;
+      scalar_t* row = staged + ng * st.image_group + i * st.pitch * st.Cp;
       stage_row(p, st, x, xl, n, g, i, row);
       if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
         int emin = kSmallestEx;
         bool subnormal = false;
-        fold_exponents(reinterpret_cast<const uint16_t*>(row), st.Ws * st.Cp, emin, subnormal);
+        fold_exponents(reinterpret_cast<const uint16_t*>(row), st.row_columns(i) * st.Cp, emin, subnormal);
         seen->fold(n, emin, subnormal);
       }
     }
@@ -471,7 +482,7 @@ void copy_patches(const PatchPhase& pp, const PatchStaging& st, const Axis& ax_h
                   const scalar_t* image, int64_t m0, int64_t rows, scalar_t* a) {
   for (int64_t m = 0; m < rows; ++m) {
     const int64_t jh = (m0 + m) / count_w, jw = (m0 + m) % count_w;
-    const scalar_t* base = image + (ax_h.in_step * jh * st.Ws + ax_w.in_step * jw) * st.Cp;
+    const scalar_t* base = image + (ax_h.in_step * jh * st.pitch + ax_w.in_step * jw) * st.Cp;
     scalar_t* dst = a + m * pp.K;
     for (const PatchRun& run : pp.runs) {
       copy_run_over(reinterpret_cast<const char*>(base + run.offset), reinterpret_cast<char*>(dst),
@@ -519,8 +530,8 @@ struct PatchCall {
     return p.N * p.groups * static_cast<int64_t>(ax_h.phases.size()) * task_phases_w() * blocks;
   }
   // In place, A is read at lda = Cp and a task's positions are the staged rows' pitch apart: the
-  // Ws - count columns past each grid row are computed and dropped, as on the planar path.
-  int64_t pitch(int64_t j) const { return plan.in_place ? plan.st.Ws : ax_w.phases[j].count; }
+  // pitch - count columns past each grid row are computed and dropped, as on the planar path.
+  int64_t pitch(int64_t j) const { return plan.in_place ? plan.st.pitch : ax_w.phases[j].count; }
   // Positions of column phase j in the block from m0 (none: a phase with fewer than the largest).
   int64_t rows_of(const Phase& ph, int64_t j, int64_t m0) const {
     if (j < 0) return 0;
@@ -604,7 +615,7 @@ std::vector<char> convolve_patch_brgemm(const Problem& p, const Axis& ax_h, cons
   int64_t max_positions = 1;
   for (const Phase& ph : ax_h.phases) {
     for (const Phase& pw : ax_w.phases) {
-      max_positions = std::max(max_positions, plan.in_place ? (ph.count - 1) * st.Ws + pw.count : ph.count * pw.count);
+      max_positions = std::max(max_positions, plan.in_place ? (ph.count - 1) * st.pitch + pw.count : ph.count * pw.count);
     }
   }
   const PatchBlock blk = patch_block(p.Cout / p.groups, plan.in_place);
