@@ -93,38 +93,30 @@ inline void widen(const scalar_t* src, acc_t* dst, int64_t n) {
 }
 
 // Narrowing (round to nearest even) of a contiguous run: every element through the same vector code.
-template <typename scalar_t, typename acc_t = acc_type<scalar_t>>
+// kWholeLoads: src may be read a whole step past n (a row of a turned tile, with the buffer's slack
+// after it), so only the stores are masked. A masked load of values just stored waits for the stores
+// to complete (no store-to-load forwarding on a Zen 5): storing a bfloat16 k4/s2 upsampling through
+// masked loads took a fifth of its time, through whole loads an eighth. The lanes past n are
+// converted and dropped, so the bits are the same.
+template <typename scalar_t, bool kWholeLoads = false, typename acc_t = acc_type<scalar_t>>
 inline void narrow(const acc_t* src, scalar_t* dst, int64_t n) {
-  if constexpr (!is_half<scalar_t>) {
+  if constexpr (!is_half<scalar_t> && !kWholeLoads) {
     copy_run(src, dst, n);
   } else {
-    constexpr int64_t step = Vectorized<scalar_t>::size(), half = Vectorized<float>::size();
+    constexpr int64_t half = Vectorized<float>::size();
+    constexpr int64_t step = is_half<scalar_t> ? Vectorized<scalar_t>::size() : Vectorized<acc_t>::size();
+    auto load = [](const acc_t* from, int64_t count) {
+      return kWholeLoads ? Vectorized<acc_t>::loadu(from) : Vectorized<acc_t>::loadu(from, count);
+    };
     for (int64_t i = 0; i < n; i += step) {
       const int64_t count = std::min(step, n - i);
-      const auto lo = Vectorized<float>::loadu(src + i, std::min(half, count));
-      const auto hi = count > half ? Vectorized<float>::loadu(src + i + half, count - half) : Vectorized<float>(0.f);
-      at::vec::convert_from_float<scalar_t>(lo, hi).store(dst + i, count);
-    }
-  }
-}
-
-// narrow() of n values from a buffer that may be read a whole step past them (a row of a turned
-// tile, with the buffer's slack after it): whole loads, only the stores masked. A masked load of
-// values just stored waits for the stores to complete (no store-to-load forwarding on a Zen 5):
-// storing a bfloat16 k4/s2 upsampling through masked loads took a fifth of its time, through whole
-// loads an eighth. The lanes past n are converted and dropped, so the bits are narrow()'s.
-template <typename scalar_t, typename acc_t = acc_type<scalar_t>>
-inline void narrow_from_padded(const acc_t* src, scalar_t* dst, int64_t n) {
-  constexpr int64_t half = Vectorized<float>::size();
-  constexpr int64_t step = is_half<scalar_t> ? Vectorized<scalar_t>::size() : Vectorized<acc_t>::size();
-  for (int64_t i = 0; i < n; i += step) {
-    const int64_t count = std::min(step, n - i);
-    if constexpr (is_half<scalar_t>) {
-      const auto lo = Vectorized<float>::loadu(src + i);
-      const auto hi = count > half ? Vectorized<float>::loadu(src + i + half) : Vectorized<float>(0.f);
-      at::vec::convert_from_float<scalar_t>(lo, hi).store(dst + i, count);
-    } else {
-      Vectorized<acc_t>::loadu(src + i).store(dst + i, count);
+      if constexpr (is_half<scalar_t>) {
+        const auto lo = load(src + i, std::min(half, count));
+        const auto hi = count > half ? load(src + i + half, count - half) : Vectorized<float>(0.f);
+        at::vec::convert_from_float<scalar_t>(lo, hi).store(dst + i, count);
+      } else {
+        load(src + i, count).store(dst + i, count);
+      }
     }
   }
 }

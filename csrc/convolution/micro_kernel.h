@@ -174,9 +174,9 @@ int64_t multiply_few(const acc_t* w, const acc_t* const* cols, int64_t s0, int64
 
 // All rows x all positions of one tap chunk, piece by piece (`piece` taps: kPiece, or
 // taps_per_piece's); within a piece, positions go in the outer loop so that the piece's inputs for a
-// position block stay in L1 while every channel block reads them. w: the task's packed weights (rows x all_taps, packed_weight_index); the chunk starts
-// at tap t0 and cols[0..taps) are its inputs. width is a multiple of kVectorBlock vectors; partial
-// has outer's shape.
+// position block stay in L1 while every channel block reads them. w: the task's packed weights
+// (rows x all_taps, packed_weight_index); the chunk starts at tap t0 and cols[0..taps) are its
+// inputs. width is a multiple of kVectorBlock vectors; partial has outer's shape.
 template <typename acc_t>
 void multiply(int64_t rows, const acc_t* w, int64_t all_taps, int64_t t0, const acc_t* const* cols, int64_t taps,
               acc_t* outer, acc_t* partial, int64_t ldo, int64_t width, const acc_t* bias, int64_t piece = kPiece) {

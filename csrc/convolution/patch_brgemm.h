@@ -78,6 +78,7 @@ struct PatchStaging {
   int64_t Cp = 0;                // channels per position: Cin_g, bfloat16 rounded up to a pair
   int64_t min_h = 0, min_w = 0;  // the input row and column of staged row and column 0
   int64_t Hs = 0, Ws = 0, pitch = 0, image_group = 0;
+  int64_t x_lo = 0, x_hi = 0;    // the staged columns that hold x's, [x_lo, x_hi): zeros around them
   // The columns row i writes: its own pitch, the last row all Ws (the columns past the last
   // pitch are the next rows' in every other row).
   int64_t row_columns(int64_t i) const { return i + 1 == Hs ? Ws : pitch; }
@@ -120,9 +121,9 @@ bool patch_staging(const Problem& p, const Axis& ax_h, const Axis& ax_w, PatchSt
   if (!staging_extent(ax_h, st.min_h, st.Hs) || !staging_extent(ax_w, st.min_w, st.Ws)) return false;
   const double bytes = double(p.N) * p.groups * double(st.Hs) * double(st.Ws) * st.Cp * sizeof(scalar_t);
   if (bytes > kStagingBudget) return false;
-  const int64_t left = std::clamp<int64_t>(-st.min_w, 0, st.Ws);
-  const int64_t right = st.Ws - std::clamp<int64_t>(p.W - st.min_w, left, st.Ws);
-  st.pitch = st.Ws - std::min(left, right);
+  st.x_lo = std::clamp<int64_t>(-st.min_w, 0, st.Ws);
+  st.x_hi = std::clamp<int64_t>(p.W - st.min_w, st.x_lo, st.Ws);
+  st.pitch = st.Ws - std::min(st.x_lo, st.Ws - st.x_hi);
   st.image_group = ((st.Hs - 1) * st.pitch + st.Ws) * st.Cp;
   return true;
 }
@@ -232,7 +233,7 @@ void stage_row(const Problem& p, const PatchStaging& st, const scalar_t* x, cons
     std::memset(static_cast<void*>(row), 0, columns * st.Cp * sizeof(scalar_t));
     return;
   }
-  const int64_t lo = std::clamp<int64_t>(-st.min_w, 0, st.Ws), hi = std::clamp<int64_t>(p.W - st.min_w, lo, st.Ws);
+  const int64_t lo = st.x_lo, hi = st.x_hi;
   // Only the padding columns and the pad channel need zeros: the rest is written below.
   std::memset(static_cast<void*>(row), 0, lo * st.Cp * sizeof(scalar_t));
   std::memset(static_cast<void*>(row + hi * st.Cp), 0, (columns - hi) * st.Cp * sizeof(scalar_t));
@@ -365,7 +366,10 @@ void store_unit_step_rows(const float* c, float* turned, const PatchBlock& blk, 
         continue;
       }
       transpose_tile(tile, blk.ldc, turned, int64_t(16));
-      for (int64_t ch = 0; ch < channels; ++ch) narrow_from_padded<scalar_t>(turned + ch * 16, row + (co + ch) * ol.c, span);
+      // `turned` holds the whole tile: each row is read by whole loads.
+      for (int64_t ch = 0; ch < channels; ++ch) {
+        narrow<scalar_t, true>(turned + ch * 16, row + (co + ch) * ol.c, span);
+      }
     }
     m += span;
   }
