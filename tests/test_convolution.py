@@ -484,7 +484,8 @@ def test_each_image_is_computed_as_if_alone(shape, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("width", [16, 21], ids=["whole-vectors", "partial-vector"])
+@pytest.mark.parametrize("width", [16, 21, 40, 70], ids=["whole-vectors", "partial-vector", "odd-vectors",
+                                                        "past-a-chunk"])
 @pytest.mark.parametrize("kernel", [3, 5])
 def test_depthwise_rows_in_pairs_match_single_rows(kernel, width, dtype):
     """The depthwise kernel computes output rows in pairs where each steps one input row (3x3 and 5x5,
@@ -493,7 +494,8 @@ def test_depthwise_rows_in_pairs_match_single_rows(kernel, width, dtype):
     row (no padding) moves every output row to the other place in its pair, and the last one out of
     any pair. float32 and float64 rows are written in place, a partial last vector (width 21) under
     a mask that must leave the next row alone. Half rows of a pair are rounded in registers where
-    the CPU has AVX-512, a single row's through a buffer: the two must round alike."""
+    the CPU has AVX-512, two vectors at a time (an odd one alone: width 40 is three float vectors,
+    70 four and one more), a single row's through a buffer: the two must round alike."""
     generator = torch.Generator().manual_seed(5)
     x = torch.randn(2, 3, 13, width, generator=generator).to(dtype)
     weight = torch.randn(6, 1, kernel, kernel, generator=generator).to(dtype)

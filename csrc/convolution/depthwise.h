@@ -52,17 +52,25 @@ void widen_lines(const scalar_t* plane, const Layout& xl, const Problem& p, int6
   }
 }
 
-// Stores the first `valid` lanes of v at dst (all of them where valid >= the vector's size): a row
-// written in place ends inside its last vector (56 columns are three vectors and a half). A half
-// output is rounded by the vector code narrow() uses, lane by lane, so the bits are narrow()'s.
-template <typename out_t, typename acc_t>
-inline void store_valid(const Vectorized<acc_t>& v, out_t* dst, int64_t valid) {
+// Stores the first `valid` columns of a row's NV vectors at dst (all of them where valid covers
+// them): a row written in place ends inside its last vector (56 columns are three vectors and a
+// half). A half output is rounded by the vector code narrow() uses, lane by lane, so the bits are
+// narrow()'s; two vectors at a time, as narrow() does (one at a time, with a vector of zeros
+// rounded beside each, the rounding took about as long as a bfloat16 3x3's multiply-adds).
+template <typename out_t, typename acc_t, int NV>
+inline void store_valid(const Vectorized<acc_t> (&v)[NV], out_t* dst, int64_t valid) {
   constexpr int64_t V = Vectorized<acc_t>::size();
-  if constexpr (std::is_same_v<out_t, acc_t>) {
-    if (valid >= V) return v.store(dst);
-    if (valid > 0) v.store(dst, static_cast<int>(valid));
-  } else {
-    if (valid > 0) at::vec::convert_from_float<out_t>(v, Vectorized<float>(0.f)).store(dst, std::min(valid, V));
+  for (int i = 0; i < NV; ++i) {
+    const int64_t n = valid - i * V;  // columns of this vector and after it to store
+    if constexpr (std::is_same_v<out_t, acc_t>) {
+      if (n >= V) v[i].store(dst + i * V);
+      else if (n > 0) v[i].store(dst + i * V, static_cast<int>(n));
+    } else if (n > 0) {
+      const bool pair = i + 1 < NV;
+      at::vec::convert_from_float<out_t>(v[i], pair ? v[i + 1] : Vectorized<float>(0.f))
+          .store(dst + i * V, std::min(n, pair ? 2 * V : V));
+      i += pair;
+    }
   }
 }
 
@@ -85,7 +93,8 @@ inline void row_vectors(const acc_t* lines, const int64_t* taps, const Vectorize
       const acc_t* run = lines + taps[t] + ow0;
       for (int v = 0; v < NV; ++v) acc[v] = at::vec::fmadd(w[t], Vec::loadu(run + v * V), acc[v]);
     }
-    for (int v = 0; v < NV; ++v) store_valid(Vec(acc_t(0)) + acc[v], result + v * V, valid - v * V);
+    for (int v = 0; v < NV; ++v) acc[v] = Vec(acc_t(0)) + acc[v];
+    store_valid(acc, result, valid);
     return;
   }
   const int64_t n_taps = kTaps > 0 ? kTaps : runtime_taps;
@@ -105,7 +114,7 @@ inline void row_vectors(const acc_t* lines, const int64_t* taps, const Vectorize
     }
     for (int v = 0; v < NV; ++v) total[v] = c0 == 0 ? chunk[v] : total[v] + chunk[v];
   }
-  for (int v = 0; v < NV; ++v) store_valid(total[v], result + v * V, valid - v * V);
+  store_valid(total, result, valid);
 }
 
 // Two output rows, NV vectors of each from column ow0, for a kKh x kKw kernel whose rows step one
@@ -136,10 +145,9 @@ inline void row_pair_vectors(const acc_t* lines, const int64_t* taps, int64_t ro
       }
     }
   }
-  for (int v = 0; v < NV; ++v) {
-    store_valid(Vec(acc_t(0)) + top[v], upper + v * V, valid - v * V);
-    store_valid(Vec(acc_t(0)) + bottom[v], lower + v * V, valid - v * V);
-  }
+  for (int v = 0; v < NV; ++v) top[v] = Vec(acc_t(0)) + top[v], bottom[v] = Vec(acc_t(0)) + bottom[v];
+  store_valid(top, upper, valid);
+  store_valid(bottom, lower, valid);
 }
 
 #if defined(CPU_CAPABILITY_AVX512)
@@ -183,10 +191,9 @@ inline void row_pair_aligned(const acc_t* lines, int64_t len, const Vectorized<a
       }(), ...);
     }(std::make_integer_sequence<int, kKw>{});
   }
-  for (int v = 0; v < NV; ++v) {
-    store_valid(Vec(acc_t(0)) + top[v], upper + v * V, valid - v * V);
-    store_valid(Vec(acc_t(0)) + bottom[v], lower + v * V, valid - v * V);
-  }
+  for (int v = 0; v < NV; ++v) top[v] = Vec(acc_t(0)) + top[v], bottom[v] = Vec(acc_t(0)) + bottom[v];
+  store_valid(top, upper, valid);
+  store_valid(bottom, lower, valid);
 }
 #endif
 
