@@ -60,16 +60,17 @@ void widen_lines(const scalar_t* plane, const Layout& xl, const Problem& p, int6
 template <typename out_t, typename acc_t, int NV>
 inline void store_valid(const Vectorized<acc_t> (&v)[NV], out_t* dst, int64_t valid) {
   constexpr int64_t V = Vectorized<acc_t>::size();
-  for (int i = 0; i < NV; ++i) {
-    const int64_t n = valid - i * V;  // columns of this vector and after it to store
-    if constexpr (std::is_same_v<out_t, acc_t>) {
+  if constexpr (std::is_same_v<out_t, acc_t>) {
+    for (int i = 0; i < NV; ++i) {
+      const int64_t n = valid - i * V;  // columns from this vector on to store
       if (n >= V) v[i].store(dst + i * V);
       else if (n > 0) v[i].store(dst + i * V, static_cast<int>(n));
-    } else if (n > 0) {
+    }
+  } else {
+    for (int i = 0; i < NV && valid > i * V; i += 2) {
       const bool pair = i + 1 < NV;
       at::vec::convert_from_float<out_t>(v[i], pair ? v[i + 1] : Vectorized<float>(0.f))
-          .store(dst + i * V, std::min(n, pair ? 2 * V : V));
-      i += pair;
+          .store(dst + i * V, std::min(valid - i * V, pair ? 2 * V : V));
     }
   }
 }

@@ -1,6 +1,6 @@
-// Register transposes of 16 x 16 tiles of 32-bit lanes, shared by the brgemm paths: their
-// buffers change which axis is innermost (images for the wide path, channels for the patch path)
-// and the store back to an NCHW output turns it round again.
+// Register transposes of 16 x 16 tiles (32-bit lanes, and 16-bit ones for bfloat16 at AVX512),
+// shared by the brgemm paths: their buffers change which axis is innermost (images for the wide
+// path, channels for the patch path) and the store back to an NCHW output turns it round again.
 #pragma once
 
 #include "kernel_common.h"
