@@ -3,7 +3,7 @@
 Where the per-tap brgemm path (tap_brgemm.h) would run, and for the few-channel calls it does not
 take (a 3-channel stem), bfloat16 (on AMX or AVX512_BF16) and float32 (oneDNN's kernel, at the AVX2
 and AVX512 levels) convolutions with at least 16 output channels per group (bfloat16 on AMX: any)
-and a kernel larger than 1x1 stage the input once with the channels innermost and reduce each
+and a kernel larger than 1x1 (bfloat16: any kernel) stage the input once with the channels innermost and reduce each
 output over its whole patch: in place on the staged rows where every tap steps by 1 (a stride-1
 conv2d, a transposed conv's phases), through a copied patch elsewhere (strides, dilation). Here:
 
@@ -88,6 +88,31 @@ def test_few_output_channels_take_the_path_on_the_tile_unit_only(case, dtype, x_
     served = dtype == torch.bfloat16 and fuel_torch.bfloat16_brgemm() == "AMX"
     assert patch_images() - before == (n if served else 0)
     check_values(op, ours.contiguous(), x.contiguous(), w, b, geometry)
+
+
+# 1x1 kernels: bfloat16 takes the path (in place at stride 1, copied patches at stride 2); float32
+# stays on the per-tap path. Either way both layouts give the same bits.
+POINTWISE_CASES = [
+    ("conv2d", 2, 96, 40, 1, (1, 1), (9, 11), {}, True),
+    ("conv2d", 2, 48, 32, 1, (1, 1), (9, 10), {"stride": 2}, False),
+    ("conv2d", 1, 64, 64, 2, (1, 1), (7, 9), {"groups": 2}, True),
+    ("conv_transpose2d", 1, 48, 32, 1, (1, 1), (7, 6), {}, True),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("case", POINTWISE_CASES, ids=lambda c: f"{c[0]}-{c[2]}x{c[3]}-g{c[4]}-{c[7]}")
+def test_1x1_kernels_take_the_path_in_bfloat16(case, dtype):
+    op, n, cin, cout, groups, kernel, spatial, geometry, bias = case
+    x, w, b = operands(op, n, cin, cout, groups, kernel, spatial, bias, dtype, torch.Generator().manual_seed(cin))
+    before = patch_images()
+    nchw = API[op](x, w, b, **geometry)
+    nhwc = API[op](x.contiguous(memory_format=torch.channels_last), w, b, **geometry)
+    served = dtype == torch.bfloat16 and brgemm_serves(dtype)
+    assert patch_images() - before == (2 * n if served else 0)
+    assert nhwc.is_contiguous(memory_format=torch.channels_last)
+    assert reference.bit_equal(nchw, nhwc.contiguous())
+    check_values(op, nchw, x, w, b, geometry)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
