@@ -210,9 +210,10 @@ void bind_cpu_capability(pybind11::module_& m) {
     return std::map<std::string, int64_t>{{"bfloat16_brgemm_images", c.bfloat16_brgemm_images.load()},
                                           {"float_brgemm_images", c.float_brgemm_images.load()},
                                           {"patch_brgemm_images", c.patch_brgemm_images.load()},
-                                          {"wide_brgemm_calls", c.wide_brgemm_calls.load()}};
+                                          {"wide_brgemm_calls", c.wide_brgemm_calls.load()},
+                                          {"depthwise_channels_last_calls", c.depthwise_channels_last_calls.load()}};
   }, "How many images the bfloat16 and float32 per-tap brgemm paths and the patch path, and how many calls the "
-     "wide-kernel brgemm path, have computed since import.");
+     "wide-kernel brgemm path and the channels_last depthwise kernel, have computed since import.");
   m.def("bfloat16_brgemm", [] {
     switch (bfloat16_brgemm_unit()) {
       case Bf16Unit::tiles: return std::string("AMX");

@@ -664,6 +664,48 @@ def test_channels_last_operands(case, dtype, x_format, w_format):
     assert reference.bit_equal(out.contiguous(), expected)
 
 
+# Depthwise convolutions of channels_last operands (one output channel per input channel) run
+# along the channels: each lane's sum in the NCHW kernel's order, a padding tap's +0 included, so the
+# bits of the NCHW call. Channel counts of a partial vector (21), of more than one 128-channel block
+# and a partial one (300), and of one lane short of a vector (15); strides, dilation, tap counts
+# fixed at compile time (3x3, 5x5) and not (3x5, 7x7); widths of a partial pixel group; a depth
+# multiplier of 2 (the NCHW kernel's gathers, not this path).
+DEPTHWISE_LAYOUT_CASES = [
+    (2, 21, (3, 3), (9, 13), dict(padding=1)),
+    (1, 300, (3, 3), (5, 6), dict(padding=(0, 1))),
+    (2, 15, (3, 3), (13, 12), dict(stride=2, padding=1)),
+    (1, 40, (5, 5), (11, 10), dict(padding=2)),
+    (1, 16, (3, 5), (8, 9), dict(padding=(1, 2), dilation=(2, 1))),
+    (1, 24, (7, 7), (9, 30), dict(padding=3, stride=(1, 2))),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", DEPTHWISE_LAYOUT_CASES, ids=lambda c: f"{c[1]}-{c[2]}-{c[4]}")
+def test_channels_last_depthwise_runs_along_the_channels(case, dtype):
+    n, channels, kernel, spatial, geometry = case
+    generator = torch.Generator().manual_seed(channels)
+    x, w, b = operands("conv2d", n, channels, channels, channels, kernel, spatial, True, dtype, generator)
+    check_values("conv2d", fuel_torch.conv2d(x.contiguous(memory_format=torch.channels_last), w, b, groups=channels,
+                                             **geometry).contiguous(), x, w, b, dict(groups=channels, **geometry))
+    x.view(-1)[x.numel() // 3] = float("nan")
+    expected = fuel_torch.conv2d(x, w, b, groups=channels, **geometry)
+    assert expected.isnan().any()
+    for w_format in FORMATS.values():
+        before = fuel_torch._C.path_counts()["depthwise_channels_last_calls"]
+        ours = fuel_torch.conv2d(x.contiguous(memory_format=torch.channels_last),
+                                 w.contiguous(memory_format=w_format), b, groups=channels, **geometry)
+        assert fuel_torch._C.path_counts()["depthwise_channels_last_calls"] == before + 1
+        assert ours.is_contiguous(memory_format=torch.channels_last)
+        assert reference.bit_equal(ours.contiguous(), expected)
+    # A depth multiplier of 2 keeps the NCHW kernel, in either layout.
+    x2, w2, b2 = operands("conv2d", n, channels, 2 * channels, channels, kernel, spatial, True, dtype, generator)
+    before = fuel_torch._C.path_counts()["depthwise_channels_last_calls"]
+    doubled = fuel_torch.conv2d(x2.contiguous(memory_format=torch.channels_last), w2, b2, groups=channels, **geometry)
+    assert fuel_torch._C.path_counts()["depthwise_channels_last_calls"] == before
+    assert reference.bit_equal(doubled.contiguous(), fuel_torch.conv2d(x2, w2, b2, groups=channels, **geometry))
+
+
 @pytest.mark.parametrize("op", OPS)
 def test_channels_last_fake_kernel_layout(op):
     case = next(c for c in LAYOUT_CASES if c[0] == op)

@@ -29,7 +29,7 @@ struct ConvolutionKernels {
 enum class Bf16Unit { none, dot_products, tiles };
 Bf16Unit bfloat16_brgemm_unit();
 
-// What the brgemm paths have served since import (fuel_torch._C.path_counts()): which path a call
+// What the brgemm paths (and the channels_last depthwise kernel) have served since import (fuel_torch._C.path_counts()): which path a call
 // takes depends on the CPU, torch's switches and, for the tile unit, the operands' exponents, and
 // the tests check that the path they mean to test is the one that ran.
 struct PathCounts {
@@ -37,6 +37,7 @@ struct PathCounts {
   std::atomic<int64_t> float_brgemm_images{0};     // float32 images convolved by tap (tap_brgemm.h)
   std::atomic<int64_t> patch_brgemm_images{0};     // images convolved by patch (patch_brgemm.h), either dtype
   std::atomic<int64_t> wide_brgemm_calls{0};       // wide-kernel calls on brgemm (wide_brgemm.h)
+  std::atomic<int64_t> depthwise_channels_last_calls{0};  // depthwise calls along the channels (depthwise.h)
 };
 PathCounts& path_counts();
 
