@@ -211,9 +211,11 @@ void bind_cpu_capability(pybind11::module_& m) {
                                           {"float_brgemm_images", c.float_brgemm_images.load()},
                                           {"patch_brgemm_images", c.patch_brgemm_images.load()},
                                           {"wide_brgemm_calls", c.wide_brgemm_calls.load()},
+                                          {"pointwise_brgemm_images", c.pointwise_brgemm_images.load()},
                                           {"depthwise_channels_last_calls", c.depthwise_channels_last_calls.load()}};
   }, "How many images the bfloat16 and float32 per-tap brgemm paths and the patch path, and how many calls the "
-     "wide-kernel brgemm path and the channels_last depthwise kernel, have computed since import.");
+     "wide-kernel brgemm path and the channels_last depthwise kernel, have computed since import (float_brgemm_images "
+     "includes pointwise_brgemm_images, the float32 1x1 channels_last calls read in place).");
   m.def("bfloat16_brgemm", [] {
     switch (bfloat16_brgemm_unit()) {
       case Bf16Unit::tiles: return std::string("AMX");

@@ -40,8 +40,8 @@ import torch
 import fuel_torch
 from fuel_torch import reference
 
-from brgemm_cases import (FLUSH_CASES, FORMATS, check_a_failing_image_is_computed_alone, check_case, check_deterministic,
-                          check_flushed_operands_keep_their_value, scaled_operands)
+from brgemm_cases import (FLUSH_CASES, FORMATS, brgemm_serves, check_a_failing_image_is_computed_alone, check_case,
+                          check_deterministic, check_flushed_operands_keep_their_value, scaled_operands)
 from test_convolution import assert_file_passes_in_child, check_values, operands
 
 TESTS = Path(__file__).parent
@@ -134,6 +134,41 @@ def served_images() -> int:
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[2]}x{c[3]}-g{c[4]}-{c[5]}-{c[7]}")
 def test_values_within_the_contract(case, dtype, x_format):
     check_case(case, dtype, x_format, served_images, seed=case[2] * case[3])
+
+
+# float32 1x1 conv2d of channels_last operands, unpadded, reads x in place as brgemm's A
+# (pointwise_brgemm.h) where the per-tap path would turn it into NCHW planes: the same sums, so the
+# bits of the NCHW call. Flat images (stride 1), row by row (strides), groups, channels past one
+# 256-term chunk (300, 600), the weight in either layout; padding keeps the planes.
+POINTWISE_CASES = [
+    (2, 64, 48, 1, (9, 11), {}),
+    (2, 64, 128, 1, (9, 11), {"stride": 2}),
+    (1, 300, 24, 1, (6, 7), {}),
+    (2, 600, 40, 1, (5, 5), {"stride": (1, 2)}),
+    (1, 64, 64, 2, (7, 9), {}),
+    (1, 32, 48, 1, (10, 10), {"stride": (2, 1)}),
+]
+
+
+@pytest.mark.parametrize("w_format", FORMATS)
+@pytest.mark.parametrize("case", POINTWISE_CASES, ids=lambda c: f"{c[1]}x{c[2]}-g{c[3]}-{c[5]}")
+def test_float32_1x1_channels_last_reads_x_in_place(case, w_format):
+    n, cin, cout, groups, spatial, geometry = case
+    x, w, b = operands("conv2d", n, cin, cout, groups, (1, 1), spatial, True, torch.float32,
+                       torch.Generator().manual_seed(cin))
+    expected = fuel_torch.conv2d(x, w, b, groups=groups, **geometry)
+    before = fuel_torch._C.path_counts()["pointwise_brgemm_images"]
+    ours = fuel_torch.conv2d(x.contiguous(memory_format=torch.channels_last),
+                             w.contiguous(memory_format=FORMATS[w_format]), b, groups=groups, **geometry)
+    served = fuel_torch._C.path_counts()["pointwise_brgemm_images"] - before
+    assert served == (n if brgemm_serves(torch.float32) else 0)
+    assert ours.is_contiguous(memory_format=torch.channels_last)
+    assert reference.bit_equal(ours.contiguous(), expected)
+    check_values("conv2d", expected, x, w, b, dict(groups=groups, **geometry))
+    before = fuel_torch._C.path_counts()["pointwise_brgemm_images"]
+    padded = fuel_torch.conv2d(x.contiguous(memory_format=torch.channels_last), w, b, padding=1, groups=groups)
+    assert fuel_torch._C.path_counts()["pointwise_brgemm_images"] == before
+    assert reference.bit_equal(padded.contiguous(), fuel_torch.conv2d(x, w, b, padding=1, groups=groups))
 
 
 def test_channels_last_weight():

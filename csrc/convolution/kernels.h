@@ -11,6 +11,7 @@
 #include "packing.h"
 #include "patch_brgemm.h"
 #include "planar.h"
+#include "pointwise_brgemm.h"
 #include "tap_brgemm.h"
 #include "wide_brgemm.h"
 #include "wide_kernel.h"
@@ -59,7 +60,8 @@ void convolve_on_chassis(const Problem& p, const scalar_t* x, const Layout& xl, 
 
 // The brgemm paths where one serves (bfloat16 on AMX or AVX512_BF16, image by image where it
 // computes the contract's sums; float32 on oneDNN's kernel): per block of positions over whole patches
-// (patch_brgemm.h) where that serves, else one brgemm per tap (tap_brgemm.h). The chassis for every
+// (patch_brgemm.h) where that serves, else one brgemm per tap (tap_brgemm.h; float32 1x1 channels_last
+// calls read in place, pointwise_brgemm.h). The chassis for every
 // other call and every image a brgemm path leaves.
 template <typename scalar_t>
 void convolve_general(const Problem& p, const scalar_t* x, const Layout& xl, const ConvOperands& o,
@@ -71,6 +73,9 @@ void convolve_general(const Problem& p, const scalar_t* x, const Layout& xl, con
     if (std::optional<PatchPlan> plan = patch_plan<scalar_t>(p, ax_h, ax_w)) {
       done = convolve_patch_brgemm<scalar_t>(p, ax_h, ax_w, std::move(*plan), x, xl, o, bias, out, ol);
     } else if (const PaddedPlanes planes = padded_planes(ax_h, ax_w, kPositions); tap_brgemm_serves<scalar_t>(p, planes)) {
+      if constexpr (std::is_same_v<scalar_t, float>) {
+        if (pointwise_nhwc_serves<scalar_t>(p, xl, ol)) return convolve_pointwise_nhwc(p, x, xl, o, bias, out, ol);
+      }
       done = convolve_tap_brgemm<scalar_t>(p, ax_h, ax_w, planes, x, xl, o, bias, out, ol);
     }
     if (!done.empty()) {
