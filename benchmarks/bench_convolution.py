@@ -2,7 +2,7 @@
 
     python benchmarks/bench_convolution.py [--threads 1 2] [--dtype float32 ...] [--repeats 7]
                                            [--only NAME ...] [--no-training] [--allocator steady]
-                                           [--isa AVX2]
+                                           [--isa AVX2] [--memory-format channels_last]
 
 Every row times ours and torch's interleaved in the same run (fuel_torch.timing.interleaved_medians)
 and shows each side's median and ours / torch (below 1: ours is faster), with the lowest and highest
@@ -22,6 +22,10 @@ multi-MB buffers come back as fresh pages depends on the process's allocation hi
 torch's float32 ResNet 3x3 took 1,200-2,300 minor page faults per call in one process and none in
 another, and its time moved between 8 and 17 ms with it (ours: 0-30 faults). Each table shows
 both sides' faults per call (the "faults" column, fuel / torch) so a figure says which it was.
+
+--memory-format channels_last gives x and the weight (and the training block's parameters and
+input) torch's channels_last layout, NHWC in memory, for both sides: the layout oneDNN prefers, and
+the one models moved with model.to(memory_format=torch.channels_last) run in.
 
 --isa AVX2 (or DEFAULT) re-runs the script with both sides held to that level: ours through
 FUEL_CPU_CAPABILITY, torch's kernels, oneDNN and MKL through their own variables
@@ -59,6 +63,7 @@ SHAPES = [
 STEADY_TUNABLES = "glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=4294967296"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 TORCH = {"conv2d": F.conv2d, "conv_transpose2d": F.conv_transpose2d}
+MEMORY_FORMATS = {"contiguous": torch.contiguous_format, "channels_last": torch.channels_last}
 
 
 def target(name: str, dtype_name: str) -> float:
@@ -78,9 +83,10 @@ def conv_flops(op, x_shape, w_shape, out_numel) -> int:
     return 2 * per_element * (out_numel if op == "conv2d" else torch.Size(x_shape).numel())
 
 
-def conv_row(op, x_shape, w_shape, geometry, dtype, repeats, generator) -> tuple[float, float, str, int]:
-    x = torch.randn(x_shape, generator=generator).to(dtype)
-    w = torch.randn(w_shape, generator=generator).to(dtype)
+def conv_row(op, x_shape, w_shape, geometry, dtype, repeats, generator,
+             memory_format=torch.contiguous_format) -> tuple[float, float, str, int]:
+    x = torch.randn(x_shape, generator=generator).to(dtype).contiguous(memory_format=memory_format)
+    w = torch.randn(w_shape, generator=generator).to(dtype).contiguous(memory_format=memory_format)
     cout = w_shape[0] if op == "conv2d" else w_shape[1] * geometry.get("groups", 1)
     b = torch.randn(cout, generator=generator).to(dtype)
     ours, theirs = getattr(fuel_torch, op), TORCH[op]
@@ -113,12 +119,13 @@ class BasicBlock(torch.nn.Module):
         return torch.relu(self.conv2(torch.relu(self.conv1(x))) + x)
 
 
-def training_row(dtype, repeats, generator) -> tuple[float, float, str]:
+def training_row(dtype, repeats, generator, memory_format=torch.contiguous_format) -> tuple[float, float, str]:
     torch.manual_seed(0)
     theirs = BasicBlock(torch.nn.Conv2d).to(dtype)
     ours = BasicBlock(fuel_torch.nn.Conv2d).to(dtype)
     ours.load_state_dict(theirs.state_dict())
-    x = torch.randn(4, 64, 56, 56, generator=generator).to(dtype)
+    theirs, ours = (model.to(memory_format=memory_format) for model in (theirs, ours))
+    x = torch.randn(4, 64, 56, 56, generator=generator).to(dtype).contiguous(memory_format=memory_format)
 
     def step(model):
         def run():
@@ -179,15 +186,18 @@ def main() -> None:
     parser.add_argument("--no-training", action="store_true", help="skip the ResNet basic block training step")
     parser.add_argument("--allocator", choices=["default", "steady"], default="default",
                         help="steady: glibc thresholds fixed so that no call's buffers are fresh mappings")
+    parser.add_argument("--memory-format", choices=list(MEMORY_FORMATS), default="contiguous",
+                        help="the operands' layout (and the training block's): NCHW, or channels_last (NHWC)")
     add_isa_option(parser)
     args = parser.parse_args()
+    memory_format = MEMORY_FORMATS[args.memory_format]
     rerun_with({**({"GLIBC_TUNABLES": STEADY_TUNABLES} if args.allocator == "steady" else {}),
                 **ISA_CAPS.get(args.isa, {})})
     generator = torch.Generator().manual_seed(0)
     wanted = lambda name: args.only is None or any(part in name for part in args.only)  # noqa: E731
     for threads in args.threads:
         torch.set_num_threads(threads)
-        print(machine_line() + f"; allocator {args.allocator}")
+        print(machine_line() + f"; allocator {args.allocator}; memory format {args.memory_format}")
         print(f"median of {args.repeats} interleaved repeats (fuel_torch.timing.interleaved_medians)")
         peaks = peak_rates(threads)
         print(peak_line(threads, peaks))
@@ -198,10 +208,12 @@ def main() -> None:
                 if not wanted(name):
                     continue
                 rows.append(table_row(name, dtype_name,
-                                      *conv_row(op, x_shape, w_shape, geometry, dtype, args.repeats, generator), peaks))
+                                      *conv_row(op, x_shape, w_shape, geometry, dtype, args.repeats, generator,
+                                                memory_format), peaks))
             name = "training: basic block fwd+bwd (4,64,56x56)"
             if not args.no_training and wanted(name):
-                rows.append(table_row(name, dtype_name, *training_row(dtype, args.repeats, generator), peaks))
+                rows.append(table_row(name, dtype_name, *training_row(dtype, args.repeats, generator, memory_format),
+                                      peaks))
         print_table(rows)
 
 

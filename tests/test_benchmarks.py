@@ -25,3 +25,13 @@ def test_needed_over_peak_is_the_needed_rate_over_the_peak_line():
     assert low <= share <= high, (share, needed, peak)
     # Halves have no probe of their own: no share is claimed for them.
     assert "%" not in rows["bfloat16"], rows["bfloat16"]
+
+
+def test_channels_last_rows_say_their_layout():
+    result = subprocess.run([sys.executable, str(SCRIPT), "--only", "small", "--dtype", "float32", "--threads", "1",
+                             "--repeats", "1", "--no-training", "--memory-format", "channels_last"],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("CPU:") and line.endswith("memory format channels_last") for line in lines), lines
+    assert any(line.startswith("small 3x3") and " float32 " in line for line in lines), lines
