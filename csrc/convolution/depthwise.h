@@ -465,10 +465,6 @@ void run_depthwise_task(const Problem& p, const DepthwisePlan& plan, const Depth
   }
 }
 
-}  // namespace depthwise_detail
-
-namespace depthwise_detail {
-
 // channels_last (x and out with their channels side by side) and one output channel per input
 // channel: the vectors run along the channels, and every output vector of a pixel is a chain over
 // the taps, each lane the sum the NCHW kernel forms for its channel, in the same order (a padding
@@ -476,11 +472,12 @@ namespace depthwise_detail {
 // strided gathers and scatters, a 4x128x56x56 float32 call took 5.4 ms at 1 thread on a Zen 4,
 // four times torch's.
 //
-// A task: image n, a block of kNhwcBlock channels (128 took 0.77-0.96 ms where 64 took 0.97-1.18
-// and 32 0.98-2.05, in the same runs: fewer widening and rounding calls per pixel), a run of output rows. It widens the input rows
+// A task: image n, a block of kNhwcBlock channels, a run of output rows. It widens the input rows
 // those read into zero-padded lines, [column][channel of the block]; output pixel (oh, ow)'s tap
 // (kh, kw) is then at a fixed offset from its base, and kPixelChains pixels of a row go as
 // independent chains, one channel vector at a time, that vector's tap weights held in registers.
+// Blocks of 128 channels took a bfloat16 call 0.77-0.96 ms, 64 0.97-1.18 and 32 0.98-2.05, in the
+// same runs: fewer widening and rounding calls per pixel.
 constexpr int64_t kNhwcBlock = 128;
 constexpr int kPixelChains = Vectorized<float>::size() == 16 ? 8 : 4;  // within 32 (16) vector registers
 
@@ -489,7 +486,7 @@ inline bool depthwise_channels_last(const Problem& p, const Layout& xl, const La
 }
 
 struct NhwcPlan {
-  int64_t n_taps = 0, C = 0, CB = 0, blocks = 0, columns = 0, len = 0, rows_per_task = 0, row_blocks = 0, tasks = 0;
+  int64_t n_taps = 0, CB = 0, blocks = 0, columns = 0, len = 0, rows_per_task = 0, row_blocks = 0, tasks = 0;
   std::vector<int64_t> taps;  // tap t's offset from an output pixel's base in the lines
 };
 
@@ -498,7 +495,6 @@ NhwcPlan plan_depthwise_nhwc(const Problem& p) {
   constexpr int64_t V = Vectorized<acc_t>::size();
   NhwcPlan plan;
   plan.n_taps = p.Kh * p.Kw;
-  plan.C = p.Cin;
   plan.CB = std::min(kNhwcBlock, (p.Cin + V - 1) / V * V);
   plan.blocks = (p.Cin + plan.CB - 1) / plan.CB;
   plan.columns = (p.Wo - 1) * p.stride[1] + (p.Kw - 1) * p.dilation[1] + 1;  // line column j: input column j - pw

@@ -39,7 +39,9 @@ inline void convolve_pointwise_nhwc(const Problem& p, const float* x, const Layo
   std::vector<float> packed(G * Cin_g * Cout_g);  // group g: [ci][co]
   for (int64_t g = 0; g < G; ++g) {
     for (int64_t ci = 0; ci < Cin_g; ++ci) {
-      for (int64_t co = 0; co < Cout_g; ++co) packed[(g * Cin_g + ci) * Cout_g + co] = w[(g * Cout_g + co) * ws[0] + ci * ws[1]];
+      for (int64_t co = 0; co < Cout_g; ++co) {
+        packed[(g * Cin_g + ci) * Cout_g + co] = w[(g * Cout_g + co) * ws[0] + ci * ws[1]];
+      }
     }
   }
   path_counts().float_brgemm_images += p.N;
