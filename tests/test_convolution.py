@@ -706,6 +706,23 @@ def test_channels_last_depthwise_runs_along_the_channels(case, dtype):
     assert reference.bit_equal(doubled.contiguous(), fuel_torch.conv2d(x2, w2, b2, groups=channels, **geometry))
 
 
+def test_channels_last_depthwise_with_a_tall_reach_keeps_the_nchw_kernel():
+    """A task's lines hold every input row one output row reads: 181 rows of 380 columns of 16 float
+    lanes (4.2 MiB) is past the channels_last kernel's budget (4 MiB), so the NCHW kernel, whose lines
+    hold one channel, takes the call, with the same bits."""
+    generator = torch.Generator().manual_seed(8)
+    x, w, b = operands("conv2d", 1, 16, 16, 16, (3, 3), (200, 200), True, torch.float32, generator)
+    geometry = dict(groups=16, padding=90, dilation=90)
+    before = fuel_torch._C.path_counts()["depthwise_channels_last_calls"]
+    ours = fuel_torch.conv2d(x.contiguous(memory_format=torch.channels_last), w, b, **geometry)
+    assert fuel_torch._C.path_counts()["depthwise_channels_last_calls"] == before
+    assert reference.bit_equal(ours.contiguous(), fuel_torch.conv2d(x, w, b, **geometry))
+    smaller = dict(groups=16, padding=80, dilation=80)  # 161 rows of 360 columns: 3.5 MiB, within it
+    ours = fuel_torch.conv2d(x.contiguous(memory_format=torch.channels_last), w, b, **smaller)
+    assert fuel_torch._C.path_counts()["depthwise_channels_last_calls"] == before + 1
+    assert reference.bit_equal(ours.contiguous(), fuel_torch.conv2d(x, w, b, **smaller))
+
+
 @pytest.mark.parametrize("op", OPS)
 def test_channels_last_fake_kernel_layout(op):
     case = next(c for c in LAYOUT_CASES if c[0] == op)

@@ -481,8 +481,20 @@ void run_depthwise_task(const Problem& p, const DepthwisePlan& plan, const Depth
 constexpr int64_t kNhwcBlock = 128;
 constexpr int kPixelChains = Vectorized<float>::size() == 16 ? 8 : 4;  // within 32 (16) vector registers
 
-inline bool depthwise_channels_last(const Problem& p, const Layout& xl, const Layout& ol) {
-  return xl.c == 1 && ol.c == 1 && p.Cout == p.Cin && p.Cin > 1;
+// A task's lines hold at least the input rows one output row reads. Where a tall dilated kernel
+// makes those more than kNhwcLinesBytes, the NCHW kernel, whose lines hold one channel, takes the call
+// (the same bits).
+constexpr int64_t kNhwcLinesBytes = int64_t(4) << 20;
+
+template <typename acc_t>
+bool depthwise_channels_last(const Problem& p, const Layout& xl, const Layout& ol) {
+  if (xl.c != 1 || ol.c != 1 || p.Cout != p.Cin || p.Cin < 2) return false;
+  constexpr int64_t V = Vectorized<acc_t>::size();
+  // In double: hostile geometry must fail the budget, not overflow.
+  const double columns = double(p.Wo - 1) * double(p.stride[1]) + double(p.Kw - 1) * double(p.dilation[1]) + 1;
+  const double rows = double(p.Kh - 1) * double(p.dilation[0]) + 1;
+  const double block = double(std::min(kNhwcBlock, (p.Cin + V - 1) / V * V));
+  return columns * rows * block * double(sizeof(acc_t)) <= double(kNhwcLinesBytes);
 }
 
 struct NhwcPlan {
@@ -615,7 +627,7 @@ template <typename scalar_t>
 void convolve_depthwise(const Problem& p, const scalar_t* x, const Layout& xl, const scalar_t* weight, const int64_t* ws,
                         const scalar_t* bias, scalar_t* out, const Layout& ol) {
   using namespace depthwise_detail;
-  if (depthwise_channels_last(p, xl, ol)) {
+  if (depthwise_channels_last<acc_type<scalar_t>>(p, xl, ol)) {
     switch (p.Kh * p.Kw) {
       case 9: return convolve_depthwise_nhwc<scalar_t, 9>(p, x, xl, weight, ws, bias, out, ol);
       case 25: return convolve_depthwise_nhwc<scalar_t, 25>(p, x, xl, weight, ws, bias, out, ol);
