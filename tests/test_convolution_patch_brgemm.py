@@ -53,6 +53,13 @@ CASES = [
     ("conv_transpose2d", 1, 32, 36, 2, (3, 3), (6, 7), {"stride": 2, "padding": 1, "output_padding": 1, "groups": 2},
      True),
     ("conv_transpose2d", 2, 64, 16, 1, (7, 7), (9, 10), {"stride": 2, "padding": 3, "output_padding": 1}, True),
+    # Column padding past the kernel's reach: sharing every zero column between rows would leave a
+    # grid row fewer positions than output columns (PatchStaging::pitch); such calls read garbage and
+    # wrote past their block (found in session 7, with the 1x1 kernels).
+    ("conv2d", 2, 32, 32, 1, (3, 3), (7, 8), {"padding": 3}, True),
+    ("conv2d", 1, 32, 24, 1, (3, 1), (7, 8), {"padding": (1, 2)}, True),
+    ("conv2d", 2, 17, 32, 1, (2, 2), (6, 7), {"padding": 2}, False),
+    ("conv2d", 1, 32, 16, 1, (5, 5), (6, 9), {"padding": (0, 7)}, True),
 ]
 def patch_images() -> int:
     return fuel_torch._C.path_counts()["patch_brgemm_images"]
@@ -97,6 +104,8 @@ POINTWISE_CASES = [
     ("conv2d", 2, 48, 32, 1, (1, 1), (9, 10), {"stride": 2}, False),
     ("conv2d", 1, 64, 64, 2, (1, 1), (7, 9), {"groups": 2}, True),
     ("conv_transpose2d", 1, 48, 32, 1, (1, 1), (7, 6), {}, True),
+    ("conv2d", 1, 33, 16, 1, (1, 1), (7, 7), {"padding": 1}, True),  # padding past a 1x1's reach
+    ("conv2d", 2, 32, 16, 1, (1, 1), (6, 5), {"padding": (0, 2), "stride": 2}, False),
 ]
 
 

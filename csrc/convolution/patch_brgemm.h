@@ -123,7 +123,13 @@ bool patch_staging(const Problem& p, const Axis& ax_h, const Axis& ax_w, PatchSt
   if (bytes > kStagingBudget) return false;
   st.x_lo = std::clamp<int64_t>(-st.min_w, 0, st.Ws);
   st.x_hi = std::clamp<int64_t>(p.W - st.min_w, st.x_lo, st.Ws);
-  st.pitch = st.Ws - std::min(st.x_lo, st.Ws - st.x_hi);
+  // In place, a grid row's positions are its staged row's `pitch` columns, so no more columns are
+  // shared than leave every phase's output columns a position each: with a padding past the kernel's
+  // reach (a 3x3 padded by 3, a 1x1 by 1) sharing all the zeros left fewer positions than output
+  // columns, and the last ones were written past the block into memory not the call's.
+  int64_t widest = 0;
+  for (const Phase& ph : ax_w.phases) widest = std::max(widest, ph.count);
+  st.pitch = st.Ws - std::clamp<int64_t>(std::min(st.x_lo, st.Ws - st.x_hi), 0, std::max<int64_t>(0, st.Ws - widest));
   st.image_group = ((st.Hs - 1) * st.pitch + st.Ws) * st.Cp;
   return true;
 }
