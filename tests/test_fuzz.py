@@ -291,6 +291,50 @@ def test_convolution_raises_exactly_when_invalid_and_matches_float64_otherwise(c
     assert_within_contract(op, ours, x, w, bias, geometry)
 
 
+@st.composite
+def brgemm_calls(draw):
+    """(op, x, weight, bias, geometry): valid calls with the channel counts the brgemm and patch paths
+    take (16 and more per group), paddings up to past the kernel's reach, channels_last operands half
+    the time. conv_calls' 0-3 channels per group never leave the chassis: a padding past the reach on
+    the patch path computed garbage and corrupted the heap, unseen by it."""
+    op = draw(st.sampled_from(CONV_OPS))
+    dtype = draw(st.sampled_from(DTYPES))
+    groups = draw(st.integers(1, 2))
+    cin, cout = groups * draw(st.sampled_from([16, 17, 32])), groups * draw(st.sampled_from([16, 24, 33]))
+    kernel, stride, padding, dilation, output_padding, spatial = [], [], [], [], [], []
+    for _ in range(2):
+        k, s, d = draw(st.integers(1, 5)), draw(st.sampled_from([1, 1, 2, 3])), draw(st.integers(1, 2))
+        if op == "conv2d":
+            p, op_pad = draw(st.integers(0, d * (k - 1) + 3)), 0
+            size = max(1, d * (k - 1) + 1 - 2 * p) + draw(st.integers(0, 6))
+        else:
+            op_pad, size = draw(st.integers(0, max(s, d) - 1)), draw(st.integers(1, 7))
+            p = draw(st.integers(0, ((size - 1) * s + d * (k - 1) + op_pad) // 2))
+        kernel.append(k), stride.append(s), padding.append(p), dilation.append(d), output_padding.append(op_pad)
+        spatial.append(size)
+    geometry = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}
+    if op == "conv_transpose2d":
+        geometry["output_padding"] = output_padding
+    w_shape = [cout, cin // groups, *kernel] if op == "conv2d" else [cin, cout // groups, *kernel]
+    generator = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    make = lambda shape: torch.randn(shape, generator=generator, dtype=torch.float64).to(dtype)  # noqa: E731
+    x = make([draw(st.integers(1, 2)), cin, *spatial])
+    if draw(st.booleans()):
+        x = x.contiguous(memory_format=torch.channels_last)
+    return op, x, make(w_shape), draw(st.sampled_from([None, make([cout])])), geometry
+
+
+@settings(FUZZ, max_examples=2 * EXAMPLES)  # quick calls: more of them, to reach the rarer geometries
+@given(call=brgemm_calls())
+def test_brgemm_channel_counts_match_float64_over_any_padding(call):
+    op, x, w, bias, geometry = call
+    expected = output_shape_if_valid(op, x, w, bias, geometry)
+    assert expected is not None and torch_output_shape(op, x, w, bias, geometry) == expected
+    ours = getattr(torch.ops.fuel, op)(x, w, bias, **geometry)
+    assert tuple(ours.shape) == expected and ours.dtype == x.dtype
+    assert_within_contract(op, ours.contiguous(), x.contiguous(), w, bias, geometry)
+
+
 def test_the_float64_oracle_is_torchs_convolution():
     """The oracle above agrees with torch's float64 convolution wherever torch computes."""
     generator = torch.Generator().manual_seed(0)
