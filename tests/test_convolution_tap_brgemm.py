@@ -147,6 +147,7 @@ POINTWISE_CASES = [
     (2, 600, 40, 1, (5, 5), {"stride": (1, 2)}),
     (1, 64, 64, 2, (7, 9), {}),
     (1, 32, 48, 1, (10, 10), {"stride": (2, 1)}),
+    (3, 64, 48, 1, (1, 1), {}),  # a pooled feature map (squeeze-and-excitation): one pixel, either layout
 ]
 
 

@@ -23,7 +23,8 @@ namespace CPU_CAPABILITY {
 
 constexpr int64_t kPointwisePositions = 64;  // pixels per brgemm: its M
 
-// The calls this path takes out of those the per-tap path serves.
+// The calls this path takes out of those the per-tap path serves: x and out with unit channel
+// strides (channels_last, or an NCHW image of a single pixel, whose strides say the same).
 template <typename scalar_t>
 bool pointwise_nhwc_serves(const Problem& p, const Layout& xl, const Layout& ol) {
   return std::is_same_v<scalar_t, float> && !p.transpose && p.Kh == 1 && p.Kw == 1 && p.padding[0] == 0 &&
