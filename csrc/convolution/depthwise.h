@@ -486,14 +486,20 @@ constexpr int kPixelChains = Vectorized<float>::size() == 16 ? 8 : 4;  // within
 // (the same bits).
 constexpr int64_t kNhwcLinesBytes = int64_t(4) << 20;
 
+// Channels per task: whole vectors, at most kNhwcBlock.
+template <typename acc_t>
+int64_t nhwc_channel_block(int64_t channels) {
+  constexpr int64_t V = Vectorized<acc_t>::size();
+  return std::min(kNhwcBlock, (channels + V - 1) / V * V);
+}
+
 template <typename acc_t>
 bool depthwise_channels_last(const Problem& p, const Layout& xl, const Layout& ol) {
   if (xl.c != 1 || ol.c != 1 || p.Cout != p.Cin || p.Cin < 2) return false;
-  constexpr int64_t V = Vectorized<acc_t>::size();
   // In double: hostile geometry must fail the budget, not overflow.
   const double columns = double(p.Wo - 1) * double(p.stride[1]) + double(p.Kw - 1) * double(p.dilation[1]) + 1;
   const double rows = double(p.Kh - 1) * double(p.dilation[0]) + 1;
-  const double block = double(std::min(kNhwcBlock, (p.Cin + V - 1) / V * V));
+  const double block = double(nhwc_channel_block<acc_t>(p.Cin));
   return columns * rows * block * double(sizeof(acc_t)) <= double(kNhwcLinesBytes);
 }
 
@@ -504,10 +510,9 @@ struct NhwcPlan {
 
 template <typename acc_t>
 NhwcPlan plan_depthwise_nhwc(const Problem& p) {
-  constexpr int64_t V = Vectorized<acc_t>::size();
   NhwcPlan plan;
   plan.n_taps = p.Kh * p.Kw;
-  plan.CB = std::min(kNhwcBlock, (p.Cin + V - 1) / V * V);
+  plan.CB = nhwc_channel_block<acc_t>(p.Cin);
   plan.blocks = (p.Cin + plan.CB - 1) / plan.CB;
   plan.columns = (p.Wo - 1) * p.stride[1] + (p.Kw - 1) * p.dilation[1] + 1;  // line column j: input column j - pw
   plan.len = plan.columns * plan.CB;

@@ -74,7 +74,7 @@ void convolve_general(const Problem& p, const scalar_t* x, const Layout& xl, con
       done = convolve_patch_brgemm<scalar_t>(p, ax_h, ax_w, std::move(*plan), x, xl, o, bias, out, ol);
     } else if (const PaddedPlanes planes = padded_planes(ax_h, ax_w, kPositions); tap_brgemm_serves<scalar_t>(p, planes)) {
       if constexpr (std::is_same_v<scalar_t, float>) {
-        if (pointwise_nhwc_serves<scalar_t>(p, xl, ol)) return convolve_pointwise_nhwc(p, x, xl, o, bias, out, ol);
+        if (pointwise_nhwc_serves(p, xl, ol)) return convolve_pointwise_nhwc(p, x, xl, o, bias, out, ol);
       }
       done = convolve_tap_brgemm<scalar_t>(p, ax_h, ax_w, planes, x, xl, o, bias, out, ol);
     }

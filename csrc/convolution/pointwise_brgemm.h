@@ -23,12 +23,10 @@ namespace CPU_CAPABILITY {
 
 constexpr int64_t kPointwisePositions = 64;  // pixels per brgemm: its M
 
-// The calls this path takes out of those the per-tap path serves: x and out with unit channel
+// The float32 calls this path takes out of those the per-tap path serves: x and out with unit channel
 // strides (channels_last, or an NCHW image of a single pixel, whose strides say the same).
-template <typename scalar_t>
-bool pointwise_nhwc_serves(const Problem& p, const Layout& xl, const Layout& ol) {
-  return std::is_same_v<scalar_t, float> && !p.transpose && p.Kh == 1 && p.Kw == 1 && p.padding[0] == 0 &&
-         p.padding[1] == 0 && xl.c == 1 && ol.c == 1;
+inline bool pointwise_nhwc_serves(const Problem& p, const Layout& xl, const Layout& ol) {
+  return !p.transpose && p.Kh == 1 && p.Kw == 1 && p.padding[0] == 0 && p.padding[1] == 0 && xl.c == 1 && ol.c == 1;
 }
 
 inline void convolve_pointwise_nhwc(const Problem& p, const float* x, const Layout& xl, const ConvOperands& o,
