@@ -667,9 +667,11 @@ def test_channels_last_operands(case, dtype, x_format, w_format):
 # Depthwise convolutions of channels_last operands (one output channel per input channel) run
 # along the channels: each lane's sum in the NCHW kernel's order, a padding tap's +0 included, so the
 # bits of the NCHW call. Channel counts of a partial vector (21), of more than one 128-channel block
-# and a partial one (300), and of one lane short of a vector (15); strides, dilation, tap counts
-# fixed at compile time (3x3, 5x5) and not (3x5, 7x7); widths of a partial pixel group; a depth
-# multiplier of 2 (the NCHW kernel's gathers, not this path).
+# and a partial one (300), and of one lane short of a vector (15); strides, dilation, geometry fixed
+# at compile time (3x3 and 5x5 at column stride 1 and 2, any row stride and dilation) and not (3x5,
+# 7x7, a column dilation); widths of a partial pixel group; row strides past the kernel's reach and
+# paddings past it (rows the ring skips, rows all padding); images tall enough that the ring of input
+# rows wraps many times; a depth multiplier of 2 (the NCHW kernel's gathers, not this path).
 DEPTHWISE_LAYOUT_CASES = [
     (2, 21, (3, 3), (9, 13), dict(padding=1)),
     (1, 300, (3, 3), (5, 6), dict(padding=(0, 1))),
@@ -677,6 +679,10 @@ DEPTHWISE_LAYOUT_CASES = [
     (1, 40, (5, 5), (11, 10), dict(padding=2)),
     (1, 16, (3, 5), (8, 9), dict(padding=(1, 2), dilation=(2, 1))),
     (1, 24, (7, 7), (9, 30), dict(padding=3, stride=(1, 2))),
+    (1, 64, (5, 5), (23, 17), dict(stride=2, padding=2)),
+    (1, 32, (3, 3), (30, 11), dict(stride=(4, 1), padding=(4, 1))),
+    (2, 48, (3, 3), (21, 19), dict(padding=1, dilation=(3, 1))),
+    (1, 20, (3, 3), (12, 14), dict(padding=(1, 1), dilation=(1, 2))),
 ]
 
 
@@ -704,6 +710,20 @@ def test_channels_last_depthwise_runs_along_the_channels(case, dtype):
     doubled = fuel_torch.conv2d(x2.contiguous(memory_format=torch.channels_last), w2, b2, groups=channels, **geometry)
     assert fuel_torch._C.path_counts()["depthwise_channels_last_calls"] == before
     assert reference.bit_equal(doubled.contiguous(), fuel_torch.conv2d(x2, w2, b2, groups=channels, **geometry))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("batch", [1, 3])
+def test_channels_last_depthwise_bits_do_not_depend_on_the_thread_count(batch, dtype):
+    """The channels_last depthwise kernel splits an image's rows into runs by the thread count (a
+    run widens the input rows its first output row shares with the run before again): 1, 2 and 3
+    threads give the same bits, which are the NCHW kernel's."""
+    generator = torch.Generator().manual_seed(batch)
+    x, w, b = operands("conv2d", batch, 40, 40, 40, (3, 3), (37, 23), True, dtype, generator)
+    geometry = dict(groups=40, padding=1)
+    expected = fuel_torch.conv2d(x, w, b, **geometry)
+    assert_same_bits_for_every_thread_count("conv2d", x.contiguous(memory_format=torch.channels_last), w, b,
+                                            geometry, expected)
 
 
 def test_channels_last_depthwise_with_a_tall_reach_keeps_the_nchw_kernel():

@@ -78,12 +78,12 @@ inline void store_valid(const Vectorized<acc_t> (&v)[NV], out_t* dst, int64_t va
 }
 
 // NV independent sums in the chassis order (see the file comment), chain v reading tap t's input
-// at lines + taps[t] + v * chain_step, weighted by w[t] (a broadcast weight along an NCHW row; a
+// at tap_run(t, v), weighted by w[t] (a broadcast weight along an NCHW row; a
 // vector of channels' weights channels_last). kTaps > 0 fixes the tap count at compile time (the
 // common 3x3 and 5x5 kernels): the loops unroll, the same operations in the same order.
-template <typename acc_t, int NV, int kTaps>
-inline void chain_sums(const acc_t* lines, const int64_t* taps, const Vectorized<acc_t>* w, int64_t runtime_taps,
-                       const Vectorized<acc_t>& bias, int64_t chain_step, Vectorized<acc_t> (&total)[NV]) {
+template <typename acc_t, int NV, int kTaps, typename TapRun>
+inline void chain_sums(const TapRun& tap_run, const Vectorized<acc_t>* w, int64_t runtime_taps,
+                       const Vectorized<acc_t>& bias, Vectorized<acc_t> (&total)[NV]) {
   using Vec = Vectorized<acc_t>;
   if constexpr (kTaps > 0 && kTaps <= kBlock) {
     // One block of one chunk: the chain from the bias, then the chunk's sum from zero (0 + chain,
@@ -91,8 +91,7 @@ inline void chain_sums(const acc_t* lines, const int64_t* taps, const Vectorized
     for (int v = 0; v < NV; ++v) total[v] = bias;
 #pragma GCC unroll 16
     for (int t = 0; t < kTaps; ++t) {
-      const acc_t* run = lines + taps[t];
-      for (int v = 0; v < NV; ++v) total[v] = at::vec::fmadd(w[t], Vec::loadu(run + v * chain_step), total[v]);
+      for (int v = 0; v < NV; ++v) total[v] = at::vec::fmadd(w[t], Vec::loadu(tap_run(t, v)), total[v]);
     }
     for (int v = 0; v < NV; ++v) total[v] = Vec(acc_t(0)) + total[v];
     return;
@@ -107,13 +106,69 @@ inline void chain_sums(const acc_t* lines, const int64_t* taps, const Vectorized
       const int64_t b1 = std::min(c1, b0 + kBlock);
       for (int v = 0; v < NV; ++v) acc[v] = b0 == 0 ? total[v] : Vec(acc_t(0));
       for (int64_t t = b0; t < b1; ++t) {
-        const acc_t* run = lines + taps[t];
-        for (int v = 0; v < NV; ++v) acc[v] = at::vec::fmadd(w[t], Vec::loadu(run + v * chain_step), acc[v]);
+        for (int v = 0; v < NV; ++v) acc[v] = at::vec::fmadd(w[t], Vec::loadu(tap_run(t, v)), acc[v]);
       }
       for (int v = 0; v < NV; ++v) chunk[v] = chunk[v] + acc[v];
     }
     for (int v = 0; v < NV; ++v) total[v] = c0 == 0 ? chunk[v] : total[v] + chunk[v];
   }
+}
+
+// v, in a register the compiler may not refill from memory: GCC folds a load into each
+// multiply-add that reads it (a memory operand costs no instruction), and loads held once in
+// registers went back to one load per multiply-add.
+#if defined(CPU_CAPABILITY_AVX512)
+inline Vectorized<float> held(Vectorized<float> v) {
+  __m512 r = v;
+  asm("" : "+v"(r));
+  return r;
+}
+inline Vectorized<double> held(Vectorized<double> v) {
+  __m512d r = v;
+  asm("" : "+v"(r));
+  return r;
+}
+#elif defined(CPU_CAPABILITY_AVX2)
+inline Vectorized<float> held(Vectorized<float> v) {
+  __m256 r = v;
+  asm("" : "+x"(r));
+  return r;
+}
+inline Vectorized<double> held(Vectorized<double> v) {
+  __m256d r = v;
+  asm("" : "+x"(r));
+  return r;
+}
+#else
+template <typename Vec>
+inline Vec held(Vec v) {
+  return v;
+}
+#endif
+
+// chain_sums for NV adjacent output pixels of a kKh x kKw kernel at column stride and dilation 1,
+// channels_last: pixel i's tap (kh, kw) reads column i + kw of kernel row kh, whose line starts at
+// rows[kh] (columns V apart). Each row's NV + kKw - 1 columns are loaded once and held while every
+// pixel takes them in chain_sums' order (one block: taps ascending from the bias, then 0 + chain),
+// so the bits are chain_sums'. A Zen 4 loads one 512-bit vector per cycle: a load per
+// multiply-add held a 3x3 at half its multiply-add rate.
+template <typename acc_t, int NV, int kKh, int kKw>
+inline void sliding_sums(const acc_t* const* rows, const Vectorized<acc_t>* w, const Vectorized<acc_t>& bias,
+                         Vectorized<acc_t> (&total)[NV]) {
+  static_assert(kKh * kKw <= kBlock);
+  using Vec = Vectorized<acc_t>;
+  constexpr int64_t V = Vec::size();
+  for (int i = 0; i < NV; ++i) total[i] = bias;
+#pragma GCC unroll 8
+  for (int kh = 0; kh < kKh; ++kh) {
+    Vec column[NV + kKw - 1];
+    for (int c = 0; c < NV + kKw - 1; ++c) column[c] = held(Vec::loadu(rows[kh] + c * V));
+#pragma GCC unroll 8
+    for (int kw = 0; kw < kKw; ++kw) {
+      for (int i = 0; i < NV; ++i) total[i] = at::vec::fmadd(w[kh * kKw + kw], column[i + kw], total[i]);
+    }
+  }
+  for (int i = 0; i < NV; ++i) total[i] = Vec(acc_t(0)) + total[i];
 }
 
 // NV output vectors of one output row, starting at column ow0, of which the first `valid` columns
@@ -123,8 +178,9 @@ template <typename acc_t, int NV, int kTaps>
 inline void row_vectors(const acc_t* lines, const int64_t* taps, const Vectorized<acc_t>* w, int64_t runtime_taps,
                         acc_t bias, int64_t ow0, acc_t* result, int64_t valid) {
   Vectorized<acc_t> total[NV];
-  chain_sums<acc_t, NV, kTaps>(lines + ow0, taps, w, runtime_taps, Vectorized<acc_t>(bias),
-                               Vectorized<acc_t>::size(), total);
+  constexpr int64_t V = Vectorized<acc_t>::size();
+  const auto tap_run = [&](int64_t t, int v) { return lines + ow0 + taps[t] + v * V; };
+  chain_sums<acc_t, NV, kTaps>(tap_run, w, runtime_taps, Vectorized<acc_t>(bias), total);
   store_valid(total, result, valid);
 }
 
@@ -472,25 +528,34 @@ void run_depthwise_task(const Problem& p, const DepthwisePlan& plan, const Depth
 // strided gathers and scatters, a 4x128x56x56 float32 call took 5.4 ms at 1 thread on a Zen 4,
 // four times torch's.
 //
-// A task: image n, a block of kNhwcBlock channels, a run of output rows. It widens the input rows
-// those read into zero-padded lines, [column][channel of the block]; output pixel (oh, ow)'s tap
-// (kh, kw) is then at a fixed offset from its base, and kPixelChains pixels of a row go as
-// independent chains, one channel vector at a time, that vector's tap weights held in registers.
-// Blocks of 128 channels took a bfloat16 call 0.77-0.96 ms, 64 0.97-1.18 and 32 0.98-2.05, in the
-// same runs: fewer widening and rounding calls per pixel.
+// A task: image n, a block of channels, a run of output rows. It widens each input row those read
+// once, into a ring of zero-padded lines blocked by channel vector, [vector][column][lane], a vector's
+// plane at a time: the next row's plane replaces the plane this row has just finished with, so
+// the widening's loads run among the multiply-adds. With a kernel's geometry fixed at compile time
+// (3x3 and 5x5 at column stride 1 or 2, column dilation 1), a tap's load is a kernel row's base and
+// a constant displacement; at column stride 1, each kernel row's columns are loaded once for
+// kPixelChains pixels (sliding_sums). kPixelChains pixels of a row go as independent chains, one
+// channel vector at a time. On a Zen 4, a 4x128x56x56 float32 call took 0.77-0.88 ms at 1 thread
+// and 0.55-0.57 at 2 with lines [column][channel], tap offsets read from a table (half the
+// instructions were address adds), a load per multiply-add and each task's rows widened before
+// its arithmetic; 0.53-0.74 and 0.29-0.36 ms now (torch 0.42-0.56 and 0.25-0.30). The arithmetic
+// alone takes 0.29 ms at 1 thread; the rest is the output's stores and the input's loads.
+// Blocks of 128 floats took a bfloat16 call 0.77-0.96 ms, 64 0.97-1.18 and 32 0.98-2.05, in the
+// same runs: fewer widening and rounding calls per pixel. float64 blocks are 64 channels, the same
+// 512 bytes a pixel.
 constexpr int64_t kNhwcBlock = 128;
 constexpr int kPixelChains = Vectorized<float>::size() == 16 ? 8 : 4;  // within 32 (16) vector registers
 
-// A task's lines hold at least the input rows one output row reads. Where a tall dilated kernel
-// makes those more than kNhwcLinesBytes, the NCHW kernel, whose lines hold one channel, takes the call
-// (the same bits).
+// A task's ring holds the input rows one output row reads. Where a tall dilated kernel makes those
+// more than kNhwcLinesBytes, the NCHW kernel, whose lines hold one channel, takes the call (the
+// same bits).
 constexpr int64_t kNhwcLinesBytes = int64_t(4) << 20;
 
-// Channels per task: whole vectors, at most kNhwcBlock.
+// Channels per task: whole vectors, at most kNhwcBlock floats' bytes.
 template <typename acc_t>
 int64_t nhwc_channel_block(int64_t channels) {
   constexpr int64_t V = Vectorized<acc_t>::size();
-  return std::min(kNhwcBlock, (channels + V - 1) / V * V);
+  return std::min(kNhwcBlock * 4 / int64_t(sizeof(acc_t)), (channels + V - 1) / V * V);
 }
 
 template <typename acc_t>
@@ -504,107 +569,137 @@ bool depthwise_channels_last(const Problem& p, const Layout& xl, const Layout& o
 }
 
 struct NhwcPlan {
-  int64_t n_taps = 0, CB = 0, blocks = 0, columns = 0, len = 0, rows_per_task = 0, row_blocks = 0, tasks = 0;
-  std::vector<int64_t> taps;  // tap t's offset from an output pixel's base in the lines
+  int64_t CB = 0, vectors = 0, blocks = 0, columns = 0, len = 0, ring = 0, rows_per_task = 0, row_blocks = 0,
+          tasks = 0;
 };
 
+// Tasks split the images' channel blocks first, then their rows, into a multiple of the thread
+// count (at::parallel_for hands each thread an equal run of tasks); a row run re-widens only the
+// rows its first output row shares with the run before. Which task computes an output does not
+// change its sum.
 template <typename acc_t>
 NhwcPlan plan_depthwise_nhwc(const Problem& p) {
+  constexpr int64_t V = Vectorized<acc_t>::size();
   NhwcPlan plan;
-  plan.n_taps = p.Kh * p.Kw;
   plan.CB = nhwc_channel_block<acc_t>(p.Cin);
+  plan.vectors = plan.CB / V;
   plan.blocks = (p.Cin + plan.CB - 1) / plan.CB;
   plan.columns = (p.Wo - 1) * p.stride[1] + (p.Kw - 1) * p.dilation[1] + 1;  // line column j: input column j - pw
   plan.len = plan.columns * plan.CB;
-  const int64_t line_rows = std::max<int64_t>(1, 2 * kScratchBytes / static_cast<int64_t>(sizeof(acc_t)) / plan.len);
-  const int64_t reach = (p.Kh - 1) * p.dilation[0];  // input rows an output row reads past its first
-  plan.rows_per_task = std::clamp<int64_t>((line_rows - 1 - reach) / p.stride[0] + 1, 1, p.Ho);
+  plan.ring = (p.Kh - 1) * p.dilation[0] + 1;
+  const int64_t images = p.N * plan.blocks, threads = at::get_num_threads();
+  int64_t common = threads;  // gcd(images, threads)
+  for (int64_t rest = images % common; rest != 0;) std::swap(common, rest), rest %= common;
+  const int64_t wanted = threads / common;
+  plan.rows_per_task = (p.Ho + wanted - 1) / wanted;
   plan.row_blocks = (p.Ho + plan.rows_per_task - 1) / plan.rows_per_task;
-  plan.tasks = p.N * plan.blocks * plan.row_blocks;
-  plan.taps.resize(plan.n_taps);
-  for (int64_t t = 0; t < plan.n_taps; ++t) {
-    plan.taps[t] = (t / p.Kw) * p.dilation[0] * plan.len + (t % p.Kw) * p.dilation[1] * plan.CB;
-  }
+  plan.tasks = images * plan.row_blocks;
   return plan;
 }
 
-// The task's lines: input rows ih0 .. ih0 + rows - 1, channels c0 .. c0 + count - 1 of each column,
-// zeros for the padding columns and rows and the lanes past count.
+// Channel vector v of input row ih into its plane of a ring line: channels c0 + v * V onwards of
+// each column, zeros for the padding columns and rows and the lanes past count.
 template <typename scalar_t, typename acc_t>
-void widen_nhwc_lines(const scalar_t* image, const Layout& xl, const Problem& p, const NhwcPlan& plan, int64_t ih0,
-                      int64_t rows, int64_t c0, int64_t count, acc_t* lines) {
+void widen_nhwc_plane(const scalar_t* image, const Layout& xl, const Problem& p, const NhwcPlan& plan, int64_t ih,
+                      int64_t c0, int64_t count, int64_t v, acc_t* line) {
+  constexpr int64_t V = Vectorized<acc_t>::size();
+  acc_t* const plane = line + v * plan.columns * V;
+  if (ih < 0 || ih >= p.H) return zero(plane, plan.columns * V);
   const int64_t pw = p.padding[1];
   const int64_t lo = std::clamp<int64_t>(pw, 0, plan.columns), hi = std::clamp<int64_t>(p.W + pw, lo, plan.columns);
-  for (int64_t row = 0; row < rows; ++row) {
-    const int64_t ih = ih0 + row;
-    acc_t* line = lines + row * plan.len;
-    if (ih < 0 || ih >= p.H) {
-      zero(line, plan.len);
-      continue;
-    }
-    zero(line, lo * plan.CB);
-    zero(line + hi * plan.CB, (plan.columns - hi) * plan.CB);
-    const scalar_t* src = image + ih * xl.h + (lo - pw) * xl.w + c0;
-    if (count == plan.CB && xl.w == plan.CB) {  // the columns' channels back to back: one run
-      widen<scalar_t>(src, line + lo * plan.CB, (hi - lo) * plan.CB);
-      continue;
-    }
-    for (int64_t j = lo; j < hi; ++j) {
-      widen<scalar_t>(src + (j - lo) * xl.w, line + j * plan.CB, count);
-      zero(line + j * plan.CB + count, plan.CB - count);
-    }
+  zero(plane, lo * V);
+  zero(plane + hi * V, (plan.columns - hi) * V);
+  const scalar_t* src = image + ih * xl.h + (lo - pw) * xl.w + c0 + v * V;
+  const int64_t lanes = std::clamp<int64_t>(count - v * V, 0, V);
+  for (int64_t j = lo; j < hi; ++j, src += xl.w) {
+    widen<scalar_t>(src, plane + j * V, lanes);
+    if (lanes < V) zero(plane + j * V + lanes, V - lanes);
   }
 }
 
-template <typename scalar_t, int kTaps>
+// kKh x kKw taps at column stride kStride and column dilation 1, fixed at compile time; kKh == 0: the
+// geometry read from p.
+template <typename scalar_t, int kKh, int kKw, int kStride>
 void convolve_depthwise_nhwc(const Problem& p, const scalar_t* x, const Layout& xl, const scalar_t* weight,
                              const int64_t* ws, const scalar_t* bias, scalar_t* out, const Layout& ol) {
   using acc_t = acc_type<scalar_t>;
   using Vec = Vectorized<acc_t>;
   constexpr int64_t V = Vec::size();
+  constexpr int kTaps = kKh * kKw;
+  const int64_t Kh = kKh ? kKh : p.Kh, Kw = kKw ? kKw : p.Kw, n_taps = Kh * Kw;
+  const int64_t S = kStride ? kStride : p.stride[1], D = kKh ? 1 : p.dilation[1];
   const NhwcPlan plan = plan_depthwise_nhwc<acc_t>(p);
   path_counts().depthwise_channels_last_calls += 1;
   // Weights as [tap][channel] and the bias, in the accumulator type, zero past the channels.
   const int64_t Cpad = plan.blocks * plan.CB;
-  std::vector<acc_t> weights(plan.n_taps * Cpad, acc_t(0)), biases(Cpad, acc_t(0));
+  std::vector<acc_t> weights(n_taps * Cpad, acc_t(0)), biases(Cpad, acc_t(0));
   for (int64_t c = 0; c < p.Cin; ++c) {
-    for (int64_t t = 0; t < plan.n_taps; ++t) {
-      weights[t * Cpad + c] = static_cast<acc_t>(weight[c * ws[0] + (t / p.Kw) * ws[2] + (t % p.Kw) * ws[3]]);
+    for (int64_t t = 0; t < n_taps; ++t) {
+      weights[t * Cpad + c] = static_cast<acc_t>(weight[c * ws[0] + (t / Kw) * ws[2] + (t % Kw) * ws[3]]);
     }
     if (bias) biases[c] = static_cast<acc_t>(bias[c]);
   }
-  const int64_t sh = p.stride[0], step = p.stride[1] * plan.CB, vectors = plan.CB / V;
+  const int64_t sh = p.stride[0], dh = p.dilation[0], vector_len = plan.columns * V;
+  const int64_t reach = (Kh - 1) * dh;
   at::parallel_for(0, plan.tasks, 1, [&](int64_t first, int64_t last) {
-    std::vector<acc_t> lines_storage, result(is_half<scalar_t> ? p.Wo * plan.CB : 0);
-    std::vector<Vec> w(vectors * plan.n_taps);
+    const auto ring = scratch<acc_t>(plan.ring * plan.len);  // every plane read is widened first
+    std::vector<acc_t> result(is_half<scalar_t> ? p.Wo * plan.CB : 0);
+    std::vector<const acc_t*> rows(Kh);  // the ring line of each kernel row
+    std::vector<Vec> w(plan.vectors * n_taps);
     for (int64_t task = first; task < last; ++task) {
       const int64_t rb = task % plan.row_blocks, block = task / plan.row_blocks % plan.blocks;
       const int64_t n = task / plan.row_blocks / plan.blocks;
       const int64_t oh0 = rb * plan.rows_per_task, oh1 = std::min(p.Ho, oh0 + plan.rows_per_task);
       const int64_t c0 = block * plan.CB, count = std::min(plan.CB, p.Cin - c0);
-      const int64_t in_rows = (oh1 - 1 - oh0) * sh + (p.Kh - 1) * p.dilation[0] + 1;
-      lines_storage.resize(in_rows * plan.len);
-      acc_t* const lines = lines_storage.data();
-      widen_nhwc_lines<scalar_t, acc_t>(x + n * xl.n, xl, p, plan, oh0 * sh - p.padding[0], in_rows, c0, count, lines);
-      for (int64_t v = 0; v < vectors; ++v) {
-        for (int64_t t = 0; t < plan.n_taps; ++t) w[v * plan.n_taps + t] = Vec::loadu(&weights[t * Cpad + c0 + v * V]);
+      const scalar_t* const image = x + n * xl.n;
+      for (int64_t v = 0; v < plan.vectors; ++v) {
+        for (int64_t t = 0; t < n_taps; ++t) w[v * n_taps + t] = Vec::loadu(&weights[t * Cpad + c0 + v * V]);
       }
+      const auto line_of = [&](int64_t ih) { return ring.get() + (ih + p.padding[0]) % plan.ring * plan.len; };
+      // Input rows [from, to) of plane v into the ring.
+      const auto widen_rows = [&](int64_t from, int64_t to, int64_t v) {
+        for (int64_t ih = from; ih < to; ++ih) {
+          widen_nhwc_plane<scalar_t, acc_t>(image, xl, p, plan, ih, c0, count, v, line_of(ih));
+        }
+      };
+      const int64_t first_top = oh0 * sh - p.padding[0];
+      for (int64_t v = 0; v < plan.vectors; ++v) widen_rows(first_top, first_top + reach + 1, v);
       for (int64_t oh = oh0; oh < oh1; ++oh) {
-        const acc_t* row_lines = lines + (oh - oh0) * sh * plan.len;
+        const int64_t top = oh * sh - p.padding[0];
+        // The rows the next output row of the task reads that the ring lacks. Their slots hold rows
+        // this output row reads (the ring holds reach + 1 rows), so each of their planes is replaced
+        // once this row is done with it; the next row is done with none of the rows replaced.
+        const bool last_row = oh + 1 == oh1;
+        const int64_t next_from = std::max(top + reach + 1, top + sh);
+        const int64_t next_to = last_row ? next_from : top + sh + reach + 1;
         scalar_t* const out_row = out + n * ol.n + oh * ol.h + c0;
-        for (int64_t v = 0; v < vectors; ++v) {
+        for (int64_t kh = 0; kh < Kh; ++kh) rows[kh] = line_of(top + kh * dh);
+        for (int64_t v = 0; v < plan.vectors; ++v) {
           const int64_t lanes = std::min(V, count - v * V);
           if (lanes <= 0) break;
-          const Vec b = Vec::loadu(&biases[c0 + v * V]);
           // kPixels pixels from ow: their sums, stored (a half row into `result`, rounded below).
           const auto pixels = [&](auto fixed, int64_t ow) {
             constexpr int kPixels = decltype(fixed)::value;
+            const Vec* const wp = &w[v * n_taps];
+            const acc_t* base[kKh > 0 ? kKh : 1];
+            const acc_t* const* const from = kKh > 0 ? base : rows.data();
+            if constexpr (kKh > 0) {
+              for (int kh = 0; kh < kKh; ++kh) base[kh] = rows[kh] + v * vector_len + ow * S * V;
+            }
+            const int64_t shift = kKh > 0 ? 0 : v * vector_len + ow * S * V;
+            const Vec b = Vec::loadu(&biases[c0 + v * V]);
             Vec sums[kPixels];
-            chain_sums<acc_t, kPixels, kTaps>(row_lines + ow * step + v * V, plan.taps.data(), &w[v * plan.n_taps],
-                                              plan.n_taps, b, step, sums);
+            if constexpr (kKh > 0 && kStride == 1) {
+              sliding_sums<acc_t, kPixels, kKh, kKw>(base, wp, b, sums);
+            } else {
+              const auto tap_run = [&](int64_t t, int i) { return from[t / Kw] + shift + (i * S + t % Kw * D) * V; };
+              chain_sums<acc_t, kPixels, kTaps>(tap_run, wp, n_taps, b, sums);
+            }
             for (int i = 0; i < kPixels; ++i) {
               if constexpr (is_half<scalar_t>) {
                 sums[i].store(&result[(ow + i) * plan.CB + v * V]);
+              } else if (lanes == V) {
+                sums[i].store(out_row + (ow + i) * ol.w + v * V);
               } else {
                 sums[i].store(out_row + (ow + i) * ol.w + v * V, static_cast<int>(lanes));
               }
@@ -613,6 +708,7 @@ void convolve_depthwise_nhwc(const Problem& p, const scalar_t* x, const Layout& 
           int64_t ow = 0;
           for (; ow + kPixelChains <= p.Wo; ow += kPixelChains) pixels(std::integral_constant<int, kPixelChains>{}, ow);
           with_count<kPixelChains - 1>(p.Wo - ow, [&](auto fixed) { pixels(fixed, ow); });
+          widen_rows(next_from, next_to, v);
         }
         if constexpr (is_half<scalar_t>) {
           if (count == plan.CB && ol.w == plan.CB) {  // the block is all the channels: one run
@@ -633,11 +729,21 @@ void convolve_depthwise(const Problem& p, const scalar_t* x, const Layout& xl, c
                         const scalar_t* bias, scalar_t* out, const Layout& ol) {
   using namespace depthwise_detail;
   if (depthwise_channels_last<acc_type<scalar_t>>(p, xl, ol)) {
-    switch (p.Kh * p.Kw) {
-      case 9: return convolve_depthwise_nhwc<scalar_t, 9>(p, x, xl, weight, ws, bias, out, ol);
-      case 25: return convolve_depthwise_nhwc<scalar_t, 25>(p, x, xl, weight, ws, bias, out, ol);
-      default: return convolve_depthwise_nhwc<scalar_t, 0>(p, x, xl, weight, ws, bias, out, ol);
-    }
+    const auto run = [&](auto kh, auto kw, auto stride) {
+      convolve_depthwise_nhwc<scalar_t, decltype(kh)::value, decltype(kw)::value, decltype(stride)::value>(
+          p, x, xl, weight, ws, bias, out, ol);
+    };
+    using std::integral_constant;
+    // The common kernels (MobileNet's and EfficientNet's 3x3 and 5x5, stride 1 or 2) compiled each
+    // for its geometry; any other runs with the geometry read at run time.
+    const bool square = p.Kh == p.Kw && p.dilation[1] == 1 && (p.stride[1] == 1 || p.stride[1] == 2);
+    const auto sized = [&](auto k) {
+      if (p.stride[1] == 1) return run(k, k, integral_constant<int, 1>{});
+      return run(k, k, integral_constant<int, 2>{});
+    };
+    if (square && p.Kh == 3) return sized(integral_constant<int, 3>{});
+    if (square && p.Kh == 5) return sized(integral_constant<int, 5>{});
+    return run(integral_constant<int, 0>{}, integral_constant<int, 0>{}, integral_constant<int, 0>{});
   }
   const DepthwisePlan plan = plan_depthwise<scalar_t>(p, ol);
   const auto run_tasks = [&](auto fixed_taps, auto fixed_rows) {
