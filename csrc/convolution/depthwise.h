@@ -78,9 +78,9 @@ inline void store_valid(const Vectorized<acc_t> (&v)[NV], out_t* dst, int64_t va
 }
 
 // NV independent sums in the chassis order (see the file comment), chain v reading tap t's input
-// at tap_run(t, v), weighted by w[t] (a broadcast weight along an NCHW row; a
-// vector of channels' weights channels_last). kTaps > 0 fixes the tap count at compile time (the
-// common 3x3 and 5x5 kernels): the loops unroll, the same operations in the same order.
+// at tap_run(t, v), weighted by w[t] (a broadcast weight along an NCHW row; a vector of channels'
+// weights channels_last). kTaps > 0 fixes the tap count at compile time (the common 3x3 and 5x5
+// kernels): the loops unroll, the same operations in the same order.
 template <typename acc_t, int NV, int kTaps, typename TapRun>
 inline void chain_sums(const TapRun& tap_run, const Vectorized<acc_t>* w, int64_t runtime_taps,
                        const Vectorized<acc_t>& bias, Vectorized<acc_t> (&total)[NV]) {
@@ -117,26 +117,18 @@ inline void chain_sums(const TapRun& tap_run, const Vectorized<acc_t>* w, int64_
 // v, in a register the compiler may not refill from memory: GCC folds a load into each
 // multiply-add that reads it (a memory operand costs no instruction), and loads held once in
 // registers went back to one load per multiply-add.
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+template <typename acc_t>
+inline Vectorized<acc_t> held(Vectorized<acc_t> v) {
 #if defined(CPU_CAPABILITY_AVX512)
-inline Vectorized<float> held(Vectorized<float> v) {
-  __m512 r = v;
-  asm("" : "+v"(r));
-  return r;
-}
-inline Vectorized<double> held(Vectorized<double> v) {
-  __m512d r = v;
-  asm("" : "+v"(r));
-  return r;
-}
-#elif defined(CPU_CAPABILITY_AVX2)
-inline Vectorized<float> held(Vectorized<float> v) {
-  __m256 r = v;
+  using Raw = std::conditional_t<std::is_same_v<acc_t, float>, __m512, __m512d>;
+  Raw r = v;
+  asm("" : "+v"(r));  // any of the 32 vector registers
+#else
+  using Raw = std::conditional_t<std::is_same_v<acc_t, float>, __m256, __m256d>;
+  Raw r = v;
   asm("" : "+x"(r));
-  return r;
-}
-inline Vectorized<double> held(Vectorized<double> v) {
-  __m256d r = v;
-  asm("" : "+x"(r));
+#endif
   return r;
 }
 #else
@@ -538,7 +530,7 @@ void run_depthwise_task(const Problem& p, const DepthwisePlan& plan, const Depth
 // channel vector at a time. On a Zen 4, a 4x128x56x56 float32 call took 0.77-0.88 ms at 1 thread
 // and 0.55-0.57 at 2 with lines [column][channel], tap offsets read from a table (half the
 // instructions were address adds), a load per multiply-add and each task's rows widened before
-// its arithmetic; 0.53-0.74 and 0.29-0.36 ms now (torch 0.42-0.56 and 0.25-0.30). The arithmetic
+// its arithmetic; 0.53-0.85 and 0.29-0.36 ms now (torch 0.41-0.69 and 0.24-0.40). The arithmetic
 // alone takes 0.29 ms at 1 thread; the rest is the output's stores and the input's loads.
 // Blocks of 128 floats took a bfloat16 call 0.77-0.96 ms, 64 0.97-1.18 and 32 0.98-2.05, in the
 // same runs: fewer widening and rounding calls per pixel. float64 blocks are 64 channels, the same
