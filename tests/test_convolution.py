@@ -640,6 +640,10 @@ LAYOUT_CASES = [
     ("conv2d", 2, 8, 8, 8, (3, 3), (10, 9), dict(padding=1, groups=8)),  # depthwise
     ("conv2d", 1, 3, 5, 1, (20, 17), (22, 21), dict(padding=1)),  # long kernel rows (weight-gradient shape)
     ("conv_transpose2d", 2, 6, 4, 2, (4, 3), (7, 6), dict(stride=(2, 3), padding=1, output_padding=(1, 0), groups=2)),
+    # More channels than a vector and rows wider than one (a partial group of each; a channels_last
+    # input is turned into planes a vector of channels and a vector of columns at a time).
+    ("conv2d", 2, 21, 4, 1, (3, 3), (13, 37), dict(stride=2, padding=2)),
+    ("conv2d", 1, 20, 6, 2, (1, 1), (7, 19), dict(groups=2)),
 ]
 
 
