@@ -66,8 +66,19 @@ bool planes_fit(const Problem& p, const PaddedPlanes& pl) {
   return bytes < double(1 << 28);
 }
 
+// Plane column j of residue rw reads input column step_w * (j + min_w) + rw: inside [0, W) for j in
+// [lo, hi).
+struct PlaneColumns {
+  int64_t lo, hi;
+};
+inline PlaneColumns plane_columns(const Problem& p, const PaddedPlanes& pl, int64_t rw) {
+  const int64_t lo = std::clamp<int64_t>(-floor_div(rw + pl.step_w * pl.min_w, pl.step_w), 0, pl.Wp);
+  return {lo, std::clamp<int64_t>(floor_div(p.W - 1 - rw, pl.step_w) - pl.min_w + 1, lo, pl.Wp)};
+}
+
 // rows[k][j] becomes rows[j][k]: log2(V) rounds of interleaving row i with row i + V / 2 (a perfect
-// shuffle of the row and column index bits each round).
+// shuffle of the row and column index bits each round). tiles.h's transposes take 32-bit lanes at
+// AVX2 and AVX-512 only; the planes are float or double, at every level.
 template <typename acc_t>
 inline void transpose_square(Vectorized<acc_t> (&rows)[Vectorized<acc_t>::size()]) {
   constexpr int V = Vectorized<acc_t>::size();
@@ -107,8 +118,7 @@ void fill_planes_from_channels_last(const Problem& p, const PaddedPlanes& pl, co
       const int64_t group = index / per_channel % groups, n = index / per_channel / groups;
       const int64_t c0 = group * V, count = std::min(V, p.Cin - c0);
       acc_t* const dst = planes + ((n * p.Cin + c0) * per_channel + rh * pl.step_w + rw) * pl.size;  // channel c0's
-      const int64_t lo = std::clamp<int64_t>(-floor_div(rw + pl.step_w * pl.min_w, pl.step_w), 0, pl.Wp);
-      const int64_t hi = std::clamp<int64_t>(floor_div(p.W - 1 - rw, pl.step_w) - pl.min_w + 1, lo, pl.Wp);
+      const auto [lo, hi] = plane_columns(p, pl, rw);
       for (int64_t i = 0; i < pl.Hp; ++i) {
         const int64_t ih = pl.step_h * (i + pl.min_h) + rh;
         if (ih < 0 || ih >= p.H) {
@@ -152,9 +162,7 @@ void fill_padded_planes(const Problem& p, const PaddedPlanes& pl, const scalar_t
       const int64_t rw = index % pl.step_w, rh = index / pl.step_w % pl.step_h, plane = index / per_channel;
       const scalar_t* src = x + plane / p.Cin * xl.n + plane % p.Cin * xl.c;
       acc_t* dst = planes + index * pl.size;
-      // Plane column j reads input column step_w * (j + min_w) + rw, inside [0, W) for j in [lo, hi).
-      const int64_t lo = std::clamp<int64_t>(-floor_div(rw + pl.step_w * pl.min_w, pl.step_w), 0, pl.Wp);
-      const int64_t hi = std::clamp<int64_t>(floor_div(p.W - 1 - rw, pl.step_w) - pl.min_w + 1, lo, pl.Wp);
+      const auto [lo, hi] = plane_columns(p, pl, rw);
       const int64_t step = pl.step_w * xl.w;
       // Rows that need no padding and lie back to back in x (an unpadded stride-1 NCHW plane, as
       // in a 1x1 convolution) are one run: widened in one go, not row by row.
