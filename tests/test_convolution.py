@@ -507,6 +507,26 @@ def test_depthwise_rows_in_pairs_match_single_rows(kernel, width, dtype):
     check_values("conv2d", whole, x, weight, bias, dict(padding=(0, 1), groups=3))
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("width,column_padding", [(5, 1), (16, 0), (16, 17), (33, 20), (8, 9), (1, 3), (40, 2)],
+                         ids=lambda v: str(v))
+def test_depthwise_lines_with_padding_past_a_vector(width, column_padding, dtype):
+    """The NCHW depthwise kernel widens each input row into a zero-padded line a vector at a time
+    (AVX-512: one masked load per vector, the padding's lanes masked off; the vectors before and after
+    the row's are zeros). Rows narrower than a vector, rows of whole vectors, and column paddings of
+    more than a float32 or float64 vector each side; a 1x3 and a 3x1 kernel besides the 3x3 (the first
+    and last line vectors then hold all or none of the row). Same bits as the channels_last kernel,
+    which widens its own way, and within the oracle's bound."""
+    generator = torch.Generator().manual_seed(width * 31 + column_padding)
+    for kernel in [(3, 3), (1, 3), (3, 1)]:
+        x, w, b = operands("conv2d", 2, 5, 5, 5, kernel, (6, width), True, dtype, generator)
+        geometry = dict(groups=5, padding=(1, column_padding))
+        ours = fuel_torch.conv2d(x, w, b, **geometry)
+        check_values("conv2d", ours, x, w, b, geometry)
+        along_channels = fuel_torch.conv2d(x.contiguous(memory_format=torch.channels_last), w, b, **geometry)
+        assert reference.bit_equal(along_channels.contiguous(), ours), kernel
+
+
 # ---------------------------------------------------------------------------------------------
 # Shapes, out=, layout policy, meta and symbolic shapes
 
