@@ -29,7 +29,7 @@ struct ConvolutionKernels {
 enum class Bf16Unit { none, dot_products, tiles };
 Bf16Unit bfloat16_brgemm_unit();
 
-// What the brgemm paths (and the channels_last depthwise kernel) have served since import (fuel_torch._C.path_counts()): which path a call
+// What the brgemm paths (and the depthwise kernels' two ways) have served since import (fuel_torch._C.path_counts()): which path a call
 // takes depends on the CPU, torch's switches and, for the tile unit, the operands' exponents, and
 // the tests check that the path they mean to test is the one that ran.
 struct PathCounts {
@@ -39,6 +39,7 @@ struct PathCounts {
   std::atomic<int64_t> wide_brgemm_calls{0};       // wide-kernel calls on brgemm (wide_brgemm.h)
   std::atomic<int64_t> pointwise_brgemm_images{0};  // float32 1x1 channels_last images (pointwise_brgemm.h), also in float_brgemm_images
   std::atomic<int64_t> depthwise_channels_last_calls{0};  // depthwise calls along the channels (depthwise.h)
+  std::atomic<int64_t> depthwise_in_place_calls{0};  // NCHW depthwise calls reading x without lines (depthwise.h)
 };
 PathCounts& path_counts();
 
