@@ -21,6 +21,7 @@ Convolution results are not bit-defined (they depend on the summation order), so
 """
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import random
@@ -513,14 +514,15 @@ def test_depthwise_rows_in_pairs_match_single_rows(kernel, width, dtype):
 def test_depthwise_lines_with_padding_past_a_vector(width, column_padding, dtype):
     """The NCHW depthwise kernel widens each input row into a zero-padded line a vector at a time
     (AVX-512: one masked load per vector, the padding's lanes masked off; the vectors before and after
-    the row's are zeros). Rows narrower than a vector, rows of whole vectors, and column paddings of
-    more than a float32 or float64 vector each side; a 1x3 and a 3x1 kernel besides the 3x3 (the first
-    and last line vectors then hold all or none of the row). Same bits as the channels_last kernel,
-    which widens its own way, and within the oracle's bound."""
+    the row's are zeros; at column stride 2, both phases' lines from the same two loads, every other
+    lane). Rows narrower than a vector, rows of whole vectors, and column paddings of more than a
+    float32 or float64 vector each side; a 1x3 and a 3x1 kernel besides the 3x3 (the first and last
+    line vectors then hold all or none of the row). Same bits as the channels_last kernel, which
+    widens its own way, and within the oracle's bound."""
     generator = torch.Generator().manual_seed(width * 31 + column_padding)
-    for kernel in [(3, 3), (1, 3), (3, 1)]:
+    for kernel, column_stride in itertools.product([(3, 3), (1, 3), (3, 1)], [1, 2]):
         x, w, b = operands("conv2d", 2, 5, 5, 5, kernel, (6, width), True, dtype, generator)
-        geometry = dict(groups=5, padding=(1, column_padding))
+        geometry = dict(groups=5, padding=(1, column_padding), stride=(1, column_stride))
         ours = fuel_torch.conv2d(x, w, b, **geometry)
         check_values("conv2d", ours, x, w, b, geometry)
         along_channels = fuel_torch.conv2d(x.contiguous(memory_format=torch.channels_last), w, b, **geometry)

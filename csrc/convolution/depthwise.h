@@ -43,6 +43,19 @@ inline Vectorized<acc_type<scalar_t>> load_widened_lanes(const scalar_t* src, ui
   }
 }
 
+// Lanes kFirst, kFirst + 2, ... of lo followed by those of hi.
+template <int kFirst>
+inline Vectorized<float> every_other_lane(const Vectorized<float>& lo, const Vectorized<float>& hi) {
+  const __m512i lanes = _mm512_add_epi32(_mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30),
+                                         _mm512_set1_epi32(kFirst));
+  return _mm512_permutex2var_ps(lo, lanes, hi);
+}
+template <int kFirst>
+inline Vectorized<double> every_other_lane(const Vectorized<double>& lo, const Vectorized<double>& hi) {
+  const __m512i lanes = _mm512_add_epi64(_mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14), _mm512_set1_epi64(kFirst));
+  return _mm512_permutex2var_pd(lo, lanes, hi);
+}
+
 // widen_lines for unit column steps of a contiguous row: every vector of a line is one store, of
 // zeros or of one masked load (the padding's lanes masked off, their masks worked out once). Per
 // row, zeroing the padding and copying the row in loops of a few vectors and a tail took 0.29 of
@@ -79,6 +92,36 @@ void widen_unit_step_lines(const scalar_t* plane, const Layout& xl, const Proble
     for (; j < len; j += V) Vec(acc_t(0)).store(line + j);
   }
 }
+
+// widen_lines for column stride 2 of a contiguous row: a vector of each phase's line takes every
+// other element of the same two masked loads (columns outside the row masked off, so read as
+// zeros), by one permute. Element by element, a 4x128x56x56 float32 3x3 at stride 2 took 1.15 ms at 1 thread on a
+// Zen 4, twice torch's. The widening is exact either way, so the bits are the same.
+template <typename scalar_t, typename acc_t>
+void widen_stride2_lines(const scalar_t* plane, const Layout& xl, const Problem& p, int64_t ih0, int64_t rows,
+                         int64_t len, acc_t* lines) {
+  using Vec = Vectorized<acc_t>;
+  constexpr int64_t V = Vec::size();
+  const int64_t W = p.W, pw = p.padding[1];
+  const auto load = [&](uintptr_t row_start, int64_t column) {  // x's columns [column, column + V)
+    const auto* src = reinterpret_cast<const scalar_t*>(row_start + column * int64_t(sizeof(scalar_t)));
+    return load_widened_lanes<scalar_t>(src, column >= 0 && column + V <= W ? ~0u : lanes_between<V>(-column, W - column));
+  };
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t ih = ih0 + row;
+    acc_t* const line = lines + row * 2 * len;
+    if (ih < 0 || ih >= p.H) {
+      zero(line, 2 * len);
+      continue;
+    }
+    const auto row_start = reinterpret_cast<uintptr_t>(plane + ih * xl.h);
+    for (int64_t j = 0; j < len; j += V) {
+      const Vec lo = load(row_start, 2 * j - pw), hi = load(row_start, 2 * j - pw + V);  // phase 0's lane 0 on
+      every_other_lane<0>(lo, hi).store(line + j);
+      every_other_lane<1>(lo, hi).store(line + len + j);
+    }
+  }
+}
 #endif
 
 // Input lines for one task: for each input row ih in [ih0, ih0 + rows) and each stride phase r,
@@ -98,6 +141,7 @@ void widen_lines(const scalar_t* plane, const Layout& xl, const Problem& p, int6
     const int64_t hi = last < 0 ? lo : std::clamp<int64_t>(last / sw + 1, lo, len);
 #if defined(CPU_CAPABILITY_AVX512)
     if (sw == 1 && xl.w == 1) return widen_unit_step_lines<scalar_t, acc_t>(plane, xl, p, ih0, rows, len, lo, hi, lines);
+    if (sw == 2 && xl.w == 1) return widen_stride2_lines<scalar_t, acc_t>(plane, xl, p, ih0, rows, len, lines);
 #endif
     for (int64_t row = 0; row < rows; ++row) {
       const int64_t ih = ih0 + row;
