@@ -573,6 +573,19 @@ def test_depthwise_reading_x_in_place_gives_the_lines_bits(case, dtype):
         x.contiguous(memory_format=torch.channels_last), w, b, groups=6, padding=(row_padding, kernel // 2 + 1)).contiguous())
 
 
+def test_depthwise_rows_wider_than_the_in_place_table_keep_the_lines():
+    """Reading in place keeps a table of masks per column of a row (times the kernel's columns): rows
+    past 4096 columns keep the lines, with the same bits."""
+    generator = torch.Generator().manual_seed(4097)
+    for width, in_place in [(4096, fuel_torch.cpu_capability() == "AVX512"), (4097, False)]:
+        x, w, b = operands("conv2d", 1, 2, 2, 2, (3, 3), (3, width), True, torch.float32, generator)
+        before = fuel_torch._C.path_counts()["depthwise_in_place_calls"]
+        ours = fuel_torch.conv2d(x, w, b, groups=2, padding=1)
+        assert fuel_torch._C.path_counts()["depthwise_in_place_calls"] == before + int(in_place)
+        along_channels = fuel_torch.conv2d(x.contiguous(memory_format=torch.channels_last), w, b, groups=2, padding=1)
+        assert reference.bit_equal(along_channels.contiguous(), ours)
+
+
 # ---------------------------------------------------------------------------------------------
 # Shapes, out=, layout policy, meta and symbolic shapes
 
