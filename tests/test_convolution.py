@@ -530,10 +530,12 @@ def test_depthwise_lines_with_padding_past_a_vector(width, column_padding, dtype
 
 
 # (kernel, (height, width), row padding): widths of one vector and of one more, odd, and the
-# benchmark's 56; planes shorter than the kernel; row paddings of none and past the kernel's reach.
+# benchmark's 56; planes shorter than the kernel; row paddings of none and past the kernel's reach;
+# a plane of more rows than a task takes.
 IN_PLACE_DEPTHWISE_CASES = [
     (3, (7, 16), 1), (3, (5, 17), 0), (3, (1, 23), 1), (3, (2, 56), 3), (3, (9, 33), 2),
     (5, (6, 16), 2), (5, (3, 40), 4), (5, (11, 21), 0),
+    (3, (2500, 16), 1),  # an image split into three row blocks (tasks)
 ]
 
 
@@ -543,8 +545,8 @@ def test_depthwise_reading_x_in_place_gives_the_lines_bits(case, dtype):
     """At AVX-512, an NCHW float32 or float64 depthwise 3x3 or 5x5 of stride 1 whose column padding
     keeps the row width reads x in place: positions go a vector at a time across row ends, and taps
     that fall in the padding are masked to +0. Same bits as the channels_last kernel (its own lines)
-    with -0 and NaN among the operands; a depth multiplier of 2 gives the bits of the same sums over
-    the input with each channel repeated; within the oracle's bound."""
+    with -0 and NaN among the operands, for 1, 2 and 3 threads; a depth multiplier of 2 gives the
+    bits of the same sums over the input with each channel repeated; within the oracle's bound."""
     kernel, spatial, row_padding = case
     generator = torch.Generator().manual_seed(kernel * 100 + spatial[1])
     x, w, b = operands("conv2d", 2, 6, 6, 6, (kernel, kernel), spatial, True, dtype, generator)
@@ -558,6 +560,7 @@ def test_depthwise_reading_x_in_place_gives_the_lines_bits(case, dtype):
     assert in_place == (1 if fuel_torch.cpu_capability() == "AVX512" else 0)
     along_channels = fuel_torch.conv2d(x.contiguous(memory_format=torch.channels_last), w, b, **geometry)
     assert reference.bit_equal(along_channels.contiguous(), ours)
+    assert_same_bits_for_every_thread_count("conv2d", x, w, b, geometry, ours)
     x.view(-1)[x.numel() // 2] = 1.0
     check_values("conv2d", fuel_torch.conv2d(x, w, b, **geometry), x, w, b, geometry)
     w2 = torch.randn(12, 1, kernel, kernel, generator=generator).to(dtype)
