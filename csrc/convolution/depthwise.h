@@ -532,8 +532,7 @@ DepthwisePlan plan_depthwise(const Problem& p, const Layout& xl, const Layout& o
 #if defined(CPU_CAPABILITY_AVX512)
   plan.aligned_pairs = sw == 1 && p.dilation[1] == 1 && p.Kw <= V;
   plan.half_pairs_in_place = is_half<scalar_t> && plan.aligned_pairs && ol.w == 1;
-  const bool compiled = (p.Kh == 3 && p.Kw == 3) || (p.Kh == 5 && p.Kw == 5);  // run_tasks' kKh > 0
-  plan.reads_x_in_place = !is_half<scalar_t> && compiled && sw == 1 && sh == 1 && p.dilation[0] == 1 &&
+  plan.reads_x_in_place = !is_half<scalar_t> && p.Kh == 3 && p.Kw == 3 && sw == 1 && sh == 1 && p.dilation[0] == 1 &&
                           p.dilation[1] == 1 && p.Wo == p.W && p.W >= V && p.W <= kInPlaceWidest && xl.w == 1 &&
                           xl.h == p.W && ol.w == 1 && ol.h == p.Wo;
   if (plan.reads_x_in_place) {
@@ -613,7 +612,7 @@ inline void store_vector(const Vectorized<acc_t>& v, out_t* dst, int64_t count) 
   }
 }
 
-// A task's output rows of a stride-1 kKh x kKw kernel whose padding keeps the row width (Wo == W,
+// A task's output rows of a stride-1 3x3 kernel whose padding keeps the row width (Wo == W,
 // W >= V), read straight from an NCHW x, without lines: the plane's positions P = row * W + column
 // go V at a time across row ends, and tap (kh, kw) of each reads x's element P + (kh - ph) * W +
 // (kw - pw). Lanes whose tap falls outside its row (the columns' padding) or outside the plane (the
@@ -624,6 +623,8 @@ inline void store_vector(const Vectorized<acc_t>& v, out_t* dst, int64_t count) 
 // On a Zen 4, 4x128x56x56 at 1 thread: float32 0.69-0.71 -> 0.57 ms (no widening, and no padding
 // columns computed: 56 columns are 3.5 vectors); float64 2.1-2.2 -> 1.4-1.5; bfloat16 took 0.67
 // against 0.62 on lines. With every tap shifted from loads at the first tap, float32 took 0.69-0.72.
+// A 5x5 (four chains, its 25 weights in registers) took 1.27 ms against 1.15 on lines, float64 2.5
+// against 2.2: its row pairs share four of six input rows, so 5x5s keep the lines.
 template <typename scalar_t, int kKh, int kKw>
 void depthwise_rows_in_place(const Problem& p, const DepthwisePlan& plan, const DepthwiseTask& t, const scalar_t* x_plane,
                              const Vectorized<acc_type<scalar_t>>* w, acc_type<scalar_t> bias, scalar_t* out_plane,
@@ -632,7 +633,8 @@ void depthwise_rows_in_place(const Problem& p, const DepthwisePlan& plan, const 
   using acc_t = acc_type<scalar_t>;
   using Vec = Vectorized<acc_t>;
   constexpr int64_t V = Vec::size();
-  constexpr int NV = kKh * kKw <= 9 ? 8 : 4;  // chains within the 32 vector registers, with the weights
+  constexpr int NV = 8;  // chains within the 32 vector registers, with the 9 weights
+  static_assert(kKh == 3 && kKw == 3);
   const int64_t W = p.W, HW = p.H * p.W, ph = p.padding[0], pw = p.padding[1];
   const int64_t begin = t.oh0 * W, end = t.oh1 * W;
   const auto x_address = reinterpret_cast<uintptr_t>(x_plane);
@@ -706,7 +708,7 @@ void run_depthwise_task(const Problem& p, const DepthwisePlan& plan, const Depth
   const scalar_t* x_plane = x + t.n * xl.n + t.co / (p.Cout / p.groups) * xl.c;
   scalar_t* plane = out + t.n * ol.n + t.co * ol.c;
 #if defined(CPU_CAPABILITY_AVX512)
-  if constexpr (kKh > 0) {
+  if constexpr (kKh == 3 && kKw == 3) {
     if (plan.reads_x_in_place) {
       return depthwise_rows_in_place<scalar_t, kKh, kKw>(p, plan, t, x_plane, buf.weights.data(), b, plane, next,
                                                          next_out, buf);
