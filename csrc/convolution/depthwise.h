@@ -598,18 +598,10 @@ struct DepthwiseBuffers {
 
 #if defined(CPU_CAPABILITY_AVX512)
 // One vector of accumulators into the output at dst, its first `count` lanes (all from V on).
-template <typename out_t, typename acc_t>
-inline void store_vector(const Vectorized<acc_t>& v, out_t* dst, int64_t count) {
-  constexpr int64_t V = Vectorized<acc_t>::size();
-  if constexpr (std::is_same_v<out_t, acc_t>) {
-    if (count >= V) v.store(dst);
-    else v.store(dst, static_cast<int>(count));
-  } else {
-    // One vector rounded as narrow() rounds each lane (at::vec's pair conversions are these twice).
-    const __m256i half = std::is_same_v<out_t, at::BFloat16> ? at::vec::cvtfp32_bf16(__m512(v)) : at::vec::cvtfp32_fp16(__m512(v));
-    if (count >= V) _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), half);
-    else _mm256_mask_storeu_epi16(dst, static_cast<__mmask16>(lanes_between<V>(0, count)), half);
-  }
+template <typename acc_t>
+inline void store_vector(const Vectorized<acc_t>& v, acc_t* dst, int64_t count) {
+  if (count >= Vectorized<acc_t>::size()) v.store(dst);
+  else v.store(dst, static_cast<int>(count));
 }
 
 // A task's output rows of a stride-1 3x3 kernel whose padding keeps the row width (Wo == W,
@@ -625,7 +617,7 @@ inline void store_vector(const Vectorized<acc_t>& v, out_t* dst, int64_t count) 
 // against 0.62 on lines. With every tap shifted from loads at the first tap, float32 took 0.69-0.72.
 // A 5x5 (four chains, its 25 weights in registers) took 1.27 ms against 1.15 on lines, float64 2.5
 // against 2.2: its row pairs share four of six input rows, so 5x5s keep the lines.
-template <typename scalar_t, int kKh, int kKw>
+template <typename scalar_t>
 void depthwise_rows_in_place(const Problem& p, const DepthwisePlan& plan, const DepthwiseTask& t, const scalar_t* x_plane,
                              const Vectorized<acc_type<scalar_t>>* w, acc_type<scalar_t> bias, scalar_t* out_plane,
                              std::pair<const char*, const char*> next, std::pair<const char*, const char*> next_out,
@@ -633,8 +625,8 @@ void depthwise_rows_in_place(const Problem& p, const DepthwisePlan& plan, const 
   using acc_t = acc_type<scalar_t>;
   using Vec = Vectorized<acc_t>;
   constexpr int64_t V = Vec::size();
+  constexpr int kKh = 3, kKw = 3;
   constexpr int NV = 8;  // chains within the 32 vector registers, with the 9 weights
-  static_assert(kKh == 3 && kKw == 3);
   const int64_t W = p.W, HW = p.H * p.W, ph = p.padding[0], pw = p.padding[1];
   const int64_t begin = t.oh0 * W, end = t.oh1 * W;
   const auto x_address = reinterpret_cast<uintptr_t>(x_plane);
@@ -708,10 +700,9 @@ void run_depthwise_task(const Problem& p, const DepthwisePlan& plan, const Depth
   const scalar_t* x_plane = x + t.n * xl.n + t.co / (p.Cout / p.groups) * xl.c;
   scalar_t* plane = out + t.n * ol.n + t.co * ol.c;
 #if defined(CPU_CAPABILITY_AVX512)
-  if constexpr (kKh == 3 && kKw == 3) {
+  if constexpr (kKh == 3 && kKw == 3 && !is_half<scalar_t>) {
     if (plan.reads_x_in_place) {
-      return depthwise_rows_in_place<scalar_t, kKh, kKw>(p, plan, t, x_plane, buf.weights.data(), b, plane, next,
-                                                         next_out, buf);
+      return depthwise_rows_in_place<scalar_t>(p, plan, t, x_plane, buf.weights.data(), b, plane, next, next_out, buf);
     }
   }
 #endif
