@@ -221,6 +221,29 @@ def test_deterministic_across_calls_threads_and_batches(op, geometry, dtype):
     check_deterministic(op, *operands(op, 3, 48, 80, 1, kernel, (17, 19), True, dtype, generator), geometry)
 
 
+@pytest.mark.parametrize("x_format", FORMATS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_a_small_call_cut_finer_for_more_threads_keeps_its_bits(dtype, x_format):
+    """One image of a 32-channel 16 x 16 conv is 3 blocks of 128 positions at 1 thread; with more
+    threads its blocks get fewer positions (patch_block: 6 of 48 at 2 threads, 9 of 32 at 3 and 4), so that
+    every thread has work. The blocks only choose which outputs each brgemm computes: the bits are the
+    1-thread call's, and the path serves every thread count."""
+    x, w, b = operands("conv2d", 1, 32, 32, 1, (3, 3), (16, 16), True, dtype, torch.Generator().manual_seed(32))
+    x = x.contiguous(memory_format=FORMATS[x_format])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        before = patch_images()
+        alone = fuel_torch.conv2d(x, w, b, padding=1)
+        for count in (2, 3, 4):
+            torch.set_num_threads(count)
+            assert reference.bit_equal(fuel_torch.conv2d(x, w, b, padding=1), alone), count
+    finally:
+        torch.set_num_threads(threads)
+    assert patch_images() - before == (4 if brgemm_serves(dtype) else 0)
+    check_values("conv2d", alone.contiguous(), x.contiguous(), w, b, {"padding": 1})
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("cout", [3, 20])
 @pytest.mark.parametrize("op", ("conv2d", "conv_transpose2d"))
