@@ -291,6 +291,30 @@ def test_float16_division_matches_torch_for_every_dividend():
         assert_torchs_quotient(fuel("div", rhs, dividends), rhs / dividends, divisor.item())
 
 
+@pytest.mark.parametrize("op", ("add", "sub", "mul", "div"))
+def test_bfloat16_rounding_matches_torch_for_every_lhs(op):
+    """bfloat16 results are narrowed from float by our own rounding (elementwise_kernels.cpp,
+    bf16_bits_of: to nearest even, subnormals kept, every NaN 0xffff), on blocks widened out of
+    order and packed back. Every bfloat16 bit pattern as lhs, in order and shuffled (so that NaN,
+    subnormal, overflowing and ordinary lanes share vectors), against rhs from every binade, both
+    signs, ties, subnormals, the extremes and the special values: bit for bit torch's result (NaN
+    results: NaN where torch's is; their payloads are test_arithmetic_nan_payloads_follow_the_lhs's)."""
+    every = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    generator = torch.Generator().manual_seed(44)
+    shuffled = every[torch.randperm(every.numel(), generator=generator)]
+    patterns = torch.randint(-32768, 32768, (40,), generator=generator, dtype=torch.int32).to(torch.int16)
+    named = torch.tensor([1.0, -1.0, 1.0078125, 1.5, 3.0, 0.333984375, 2.0**-126, 2.0**-133, -(2.0**-130), 2.0**127,
+                          3.3895e38, 0.0, -0.0, float("inf"), float("nan")], dtype=torch.bfloat16)
+    for rhs_value in torch.cat([named, patterns.view(torch.bfloat16)]):
+        for lhs in (every, shuffled):
+            rhs = rhs_value.expand(lhs.shape).contiguous()
+            for a, b in ((lhs, rhs), (rhs, lhs)):
+                ours, theirs = fuel(op, a, b), TORCH_EQUIVALENT[op](a, b)
+                nan = torch.isnan(theirs)
+                assert torch.equal(torch.isnan(ours), nan), rhs_value.item()
+                assert bit_equal(ours[~nan], theirs[~nan]), rhs_value.item()
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_subnormals_are_kept(dtype):
     tiny = torch.tensor([torch.finfo(dtype).tiny], dtype=dtype)
