@@ -14,7 +14,7 @@
 // channels, N = images, K = a chunk of q, B read in place at the tap's shift.
 //
 // Summation order, fixed by the geometry alone: the accumulator starts at the bias; for c in order,
-// for chunks of kChunk positions in order, the chunk's sum is added: brgemm with add_C sums the chunk
+// for chunks of kChunk positions (64 float32, 128 bfloat16) in order, the chunk's sum is added: brgemm with add_C sums the chunk
 // from zero and then adds it to C (as the patch path relies on; bit for bit what summing into a fresh
 // buffer and adding it did, on a Zen 5, where the separate add took a third of this file's time).
 // Chunking keeps long reductions accurate (a chunk's sum and then a few hundred chunk sums, where
@@ -44,11 +44,15 @@ namespace CPU_CAPABILITY {
 
 namespace wide_brgemm_detail {
 
-// Positions q per brgemm, a multiple of the tile unit's 32: a chunk's A and B windows (64 channels or
-// images each) then fit L1 together, 16 KiB each in float32; 256-position chunks streamed B from
-// L2 (a ResNet 3x3 weight gradient 13% slower on a Zen 3).
-constexpr int64_t kChunk = 64;
 constexpr int64_t kGemmBlock = 64;    // output channels (M) and images (N) per brgemm, at most
+// Positions q per brgemm, a multiple of the tile unit's 32 pairs: a chunk's A and B windows
+// (kGemmBlock channels or images each) then fit L1 together, 16 KiB each: 64 float32 positions,
+// 128 bfloat16 ones. 256-position float32 chunks streamed B from L2 (a ResNet 3x3 weight gradient
+// 13% slower on a Zen 3); 64-position bfloat16 chunks, half the bytes, spent a tenth of a ResNet 3x3
+// weight gradient on brgemm calls and C's loads and stores (6.4 ms against 5.5-5.8 in 128s on a
+// Zen 4, 1 thread; float32 ran as fast in 128s as in 64s).
+template <typename scalar_t>
+constexpr int64_t kChunk = (int64_t(16) << 10) / (kGemmBlock * int64_t(sizeof(scalar_t)));
 constexpr int64_t kBudgetBytes = int64_t(256) << 20;  // per-channel buffers (A_c, X_c) at most
 
 struct Grid {
@@ -245,8 +249,8 @@ void convolve_wide_brgemm(const Problem& p, const scalar_t* x, const Layout& xl,
   for (int64_t c = 0; c < p.Cin; ++c) {
     fill_channel<scalar_t>(p, g, c, x, xl, w, o.weight_strides, buf);
     at::parallel_for(0, tasks, 1, [&](int64_t first, int64_t last) {
-      for (int64_t k0 = 0; k0 < g.K; k0 += kChunk) {
-        const int64_t kc = std::min(kChunk, g.K - k0);
+      for (int64_t k0 = 0; k0 < g.K; k0 += kChunk<scalar_t>) {
+        const int64_t kc = std::min(kChunk<scalar_t>, g.K - k0);
         for (int64_t t = first; t < last; ++t) {
           const int64_t tap = t % taps, bb = t / taps % b_blocks, cb = t / taps / b_blocks;
           const int64_t co0 = cb * co_block, b0 = bb * kGemmBlock;
