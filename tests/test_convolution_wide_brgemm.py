@@ -172,16 +172,22 @@ def test_deterministic_across_calls_and_threads(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_output_channel_blocks_change_no_bits(dtype):
-    """A 3x3 weight gradient's 9 taps give 64 output channels half-height blocks (more tasks than
-    threads); its 16-channel slices, computed alone, are the same bits."""
+    """A 3x3 weight gradient's 9 taps give 64 output channels one block per tap at 1 and 3 threads,
+    and half-height blocks at 2 (9 whole ones would go 5 and 4); its 16-channel slices, computed
+    alone, are the same bits as each."""
     generator = torch.Generator().manual_seed(31)
     x = torch.randn(64, 4, 30, 30, generator=generator).to(dtype)
     w = torch.randn(64, 4, 28, 28, generator=generator).to(dtype)
     before = fuel_torch._C.path_counts()["wide_brgemm_calls"]
-    whole = fuel_torch.conv2d(x, w)
-    slices = [fuel_torch.conv2d(x, w[i:i + 16].clone()) for i in range(0, 64, 16)]
-    assert fuel_torch._C.path_counts()["wide_brgemm_calls"] - before == (5 if path_serves(dtype) else 0)
-    assert reference.bit_equal(whole, torch.cat(slices, 1))
+    slices = torch.cat([fuel_torch.conv2d(x, w[i:i + 16].clone()) for i in range(0, 64, 16)], 1)
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2, 3):
+            torch.set_num_threads(count)
+            assert reference.bit_equal(fuel_torch.conv2d(x, w), slices), count
+    finally:
+        torch.set_num_threads(threads)
+    assert fuel_torch._C.path_counts()["wide_brgemm_calls"] - before == (7 if path_serves(dtype) else 0)
 
 
 def test_the_switch_follows_the_level_mkldnn_and_fuel_brgemm():
