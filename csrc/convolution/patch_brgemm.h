@@ -643,7 +643,7 @@ std::vector<char> convolve_patch_brgemm(const Problem& p, const Axis& ax_h, cons
       max_positions = std::max(max_positions, plan.in_place ? (ph.count - 1) * st.pitch + pw.count : ph.count * pw.count);
     }
   }
-  const std::optional<std::pair<int64_t, int64_t>> column_pair = paired_column_phases<scalar_t>(ax_w, plan.in_place, ol);
+  const auto column_pair = paired_column_phases<scalar_t>(ax_w, plan.in_place, ol);
   const int64_t others = p.N * p.groups * static_cast<int64_t>(ax_h.phases.size()) *
                          (column_pair ? 1 : static_cast<int64_t>(ax_w.phases.size()));
   const PatchBlock blk = patch_block(p.Cout / p.groups, plan.in_place, max_positions, others, at::get_num_threads());

@@ -14,9 +14,10 @@
 // channels, N = images, K = a chunk of q, B read in place at the tap's shift.
 //
 // Summation order, fixed by the geometry alone: the accumulator starts at the bias; for c in order,
-// for chunks of kChunk positions (64 float32, 128 bfloat16) in order, the chunk's sum is added: brgemm with add_C sums the chunk
-// from zero and then adds it to C (as the patch path relies on; bit for bit what summing into a fresh
-// buffer and adding it did, on a Zen 5, where the separate add took a third of this file's time).
+// for chunks of kChunk positions (64 float32, 128 bfloat16) in order, the chunk's sum is added:
+// brgemm with add_C sums the chunk from zero and then adds it to C (as the patch path relies on; bit
+// for bit what summing into a fresh buffer and adding it did, on a Zen 5, where the separate add
+// took a third of this file's time).
 // Chunking keeps long reductions accurate (a chunk's sum and then a few hundred chunk sums, where
 // one running sum over N * Kh * Wp terms would drift as torch's blocked sums do not). Threads split
 // the outputs only.
@@ -45,7 +46,7 @@ namespace CPU_CAPABILITY {
 namespace wide_brgemm_detail {
 
 constexpr int64_t kGemmBlock = 64;    // output channels (M) and images (N) per brgemm, at most
-// Positions q per brgemm, a multiple of the tile unit's 32 pairs: a chunk's A and B windows
+// Positions q per brgemm, a multiple of the tile unit's 32: a chunk's A and B windows
 // (kGemmBlock channels or images each) then fit L1 together, 16 KiB each: 64 float32 positions,
 // 128 bfloat16 ones. 256-position float32 chunks streamed B from L2 (a ResNet 3x3 weight gradient
 // 13% slower on a Zen 3); 64-position bfloat16 chunks, half the bytes, spent a tenth of a ResNet 3x3
@@ -226,8 +227,8 @@ void convolve_wide_brgemm(const Problem& p, const scalar_t* x, const Layout& xl,
   // two threads). At one thread halves only cost more calls: a ResNet 3x3 weight gradient took
   // 11.2 ms in halves and 9.9 in whole blocks in float32, 5.5-6.0 and 5.1-5.5 in bfloat16 (Zen 4).
   // Which task computes an output changes none of its sums.
-  const int64_t whole_tasks = (p.Cout + kGemmBlock - 1) / kGemmBlock * b_blocks * taps, threads = at::get_num_threads();
-  const int64_t co_block = whole_tasks < 16 && whole_tasks % threads != 0 ? kGemmBlock / 2 : kGemmBlock;
+  const int64_t whole_tasks = (p.Cout + kGemmBlock - 1) / kGemmBlock * b_blocks * taps;
+  const int64_t co_block = whole_tasks < 16 && whole_tasks % at::get_num_threads() != 0 ? kGemmBlock / 2 : kGemmBlock;
   const int64_t co_blocks = (p.Cout + co_block - 1) / co_block, tasks = co_blocks * b_blocks * taps;
   constexpr int64_t kTile = kGemmBlock * kGemmBlock;
   // Each task's accumulator, [rows][cols] at ldc = cols, starting at the bias.
