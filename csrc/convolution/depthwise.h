@@ -597,13 +597,6 @@ struct DepthwiseBuffers {
 };
 
 #if defined(CPU_CAPABILITY_AVX512)
-// One vector of accumulators into the output at dst, its first `count` lanes (all from V on).
-template <typename acc_t>
-inline void store_vector(const Vectorized<acc_t>& v, acc_t* dst, int64_t count) {
-  if (count >= Vectorized<acc_t>::size()) v.store(dst);
-  else v.store(dst, static_cast<int>(count));
-}
-
 // A task's output rows of a stride-1 3x3 kernel whose padding keeps the row width (Wo == W,
 // W >= V), read straight from an NCHW x, without lines: the plane's positions P = row * W + column
 // go V at a time across row ends, and tap (kh, kw) of each reads x's element P + (kh - ph) * W +
@@ -674,7 +667,8 @@ void depthwise_rows_in_place(const Problem& p, const DepthwisePlan& plan, const 
         }(), ...);
       }(std::make_integer_sequence<int, kKw>{});
     }
-    for (int v = 0; v < NV; ++v) store_vector(Vec(acc_t(0)) + acc[v], out_plane + p0 + v * V, end - (p0 + v * V));
+    for (int v = 0; v < NV; ++v) acc[v] = Vec(acc_t(0)) + acc[v];
+    store_valid(acc, out_plane + p0, end - p0);
   }
 }
 #endif
