@@ -124,6 +124,74 @@ def test_1x1_kernels_take_the_path_in_bfloat16(case, dtype):
     check_values(op, nchw, x, w, b, geometry)
 
 
+def x_in_place_images() -> int:
+    return fuel_torch._C.path_counts()["patch_x_in_place_images"]
+
+
+# channels_last inputs that staging would copy unchanged (one group, every staged row one of x's
+# whole rows: no padding read) are read in place; the others are staged as before.
+X_IN_PLACE_CASES = [
+    (("conv2d", 2, 256, 64, 1, (1, 1), (7, 9), {}, True), True),  # bfloat16 only: float32 1x1s are pointwise
+    (("conv2d", 2, 64, 48, 1, (3, 3), (9, 10), {}, True), True),
+    (("conv2d", 1, 32, 40, 1, (3, 2), (8, 9), {"padding": (1, 0)}, False), False),  # rows padded
+    (("conv2d", 1, 32, 40, 1, (3, 3), (8, 9), {"padding": (0, 1)}, True), False),  # columns padded
+    (("conv2d", 1, 64, 64, 2, (3, 3), (8, 9), {"groups": 2}, True), False),  # a group's channels are not a position's
+    (("conv2d", 2, 17, 32, 1, (3, 3), (7, 8), {}, True), "float32"),  # bfloat16: the pad channel
+    (("conv_transpose2d", 2, 32, 24, 1, (3, 3), (6, 7), {"padding": 2}, True), True),  # a conv2d of padding 0
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("case,in_place", X_IN_PLACE_CASES, ids=lambda c: str(c[2:8]) if isinstance(c, tuple) else None)
+def test_channels_last_inputs_staging_would_copy_unchanged_are_read_in_place(case, in_place, dtype):
+    op, n, cin, cout, groups, kernel, spatial, geometry, bias = case
+    x, w, b = operands(op, n, cin, cout, groups, kernel, spatial, bias, dtype, torch.Generator().manual_seed(cin + cout))
+    nchw = API[op](x, w, b, **geometry)
+    before, before_patch = x_in_place_images(), patch_images()
+    nhwc = API[op](x.contiguous(memory_format=torch.channels_last), w, b, **geometry)
+    served = brgemm_serves(dtype) and (dtype == torch.bfloat16 or kernel != (1, 1))
+    expected = in_place is True or in_place == str(dtype).removeprefix("torch.")
+    assert patch_images() - before_patch == (n if served else 0)
+    assert x_in_place_images() - before == (n if served and expected else 0)
+    assert nhwc.is_contiguous(memory_format=torch.channels_last)
+    assert reference.bit_equal(nhwc.contiguous(), nchw)
+    check_values(op, nchw, x, w, b, geometry)
+
+
+def test_an_image_read_in_place_that_fails_the_rule_is_computed_again():
+    """Read in place, an image's exponents are seen by the tasks that read it, after its outputs are
+    computed; one that fails is computed again elsewhere, over them."""
+    x, w, b = scaled_operands((3, 64, 5, 6), (32, 64, 1, 1), 1.0, 2.0**8, None, seed=4)
+    x[1] = x[1] * 2.0**-130  # subnormal in bfloat16; its products with the weights are normal
+    before, before_patch = x_in_place_images(), patch_images()
+    whole = fuel_torch.conv2d(x.contiguous(memory_format=torch.channels_last), w, b)
+    assert x_in_place_images() - before == patch_images() - before_patch == (2 if brgemm_serves(torch.bfloat16) else 0)
+    assert reference.bit_equal(whole.contiguous(), fuel_torch.conv2d(x, w, b))  # staged: the same decisions
+    check_a_failing_image_is_computed_alone(x, w, b, {})
+
+
+# Where one element of image 1 sits: each of the four 32-lane minima of the exponent scan's body,
+# their last lanes, and its tail (2240 elements: 17 bodies of 128 and 64 past them), read in place
+# and staged.
+@pytest.mark.parametrize("x_format", FORMATS)
+@pytest.mark.parametrize("at", [0, 31, 32, 95, 96, 127, 128, 2175, 2176, 2207, 2239])
+def test_the_exponent_rule_sees_every_element(at, x_format):
+    """All ones against weights of one (biased exponent 127), so the rule (tap_brgemm.h) turns on one
+    element of image 1: 2^-112 passes (exponents 15 + 127 = 142), 2^-113 fails (141), and so does a
+    subnormal. An image that fails is computed elsewhere; either way the outputs are correctly rounded."""
+    w = torch.ones(16, 64, 1, 1, dtype=torch.bfloat16)
+    for value, passes in ((2.0**-112, True), (2.0**-113, False), (2.0**-130, False)):
+        x = torch.ones(2, 5, 7, 64, dtype=torch.bfloat16)  # positions then channels: channels_last order
+        x.view(2, -1)[1, at] = value
+        x = x.permute(0, 3, 1, 2).contiguous(memory_format=FORMATS[x_format])
+        before = patch_images()
+        ours = fuel_torch.conv2d(x, w)
+        served = brgemm_serves(torch.bfloat16)
+        assert patch_images() - before == (0 if not served else 2 if passes else 1), value
+        exact = torch.nn.functional.conv2d(x.double(), w.double()).bfloat16()  # 64, or 63 + value: 63
+        assert reference.bit_equal(ours.contiguous(), exact)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_channels_last_weight_gives_the_same_bits(dtype):
     generator = torch.Generator().manual_seed(3)

@@ -94,26 +94,34 @@ inline void scan_exponents(const at::BFloat16* src, int64_t n, int64_t stride, i
   subnormal = subnormal || sub;
 }
 
-// scan_exponents for a dense run, 32 values to an instruction group.
+// scan_exponents for a dense run, by the smallest nonzero magnitude: each magnitude less one, so
+// that zeros wrap round to 0xffff and drop out of the minimum. The smallest one's exponent is the
+// smallest, and it is subnormal (exponent 0) where any is. Four independent minima of 32 values: a
+// bfloat16 channels_last 1x1 call read in place spent a twentieth of its time here with one chain
+// of masked minima on a Zen 4.
 inline void fold_exponents(const uint16_t* bits, int64_t n, int& emin, bool& subnormal) {
 #if !defined(CPU_CAPABILITY_AVX512)
   return scan_exponents(reinterpret_cast<const at::BFloat16*>(bits), n, 1, emin, subnormal);
 #else
-  const __m512i magnitude = _mm512_set1_epi16(0x7fff), exponent = _mm512_set1_epi16(0xff);
-  __m512i e_low = _mm512_set1_epi16(kSmallestEx);
-  __mmask32 any_sub = 0;
-  for (int64_t i = 0; i < n; i += 32) {
+  const __m512i magnitude = _mm512_set1_epi16(0x7fff), one = _mm512_set1_epi16(1);
+  auto less_one = [&](__m512i x) { return _mm512_sub_epi16(_mm512_and_si512(x, magnitude), one); };
+  __m512i low[4] = {_mm512_set1_epi16(-1), _mm512_set1_epi16(-1), _mm512_set1_epi16(-1), _mm512_set1_epi16(-1)};
+  int64_t i = 0;
+  for (; i + 128 <= n; i += 128) {
+    for (int k = 0; k < 4; ++k) low[k] = _mm512_min_epu16(low[k], less_one(_mm512_loadu_si512(bits + i + 32 * k)));
+  }
+  for (; i < n; i += 32) {
     const __mmask32 lanes = n - i >= 32 ? ~__mmask32(0) : __mmask32((1u << (n - i)) - 1);
-    const __m512i x = _mm512_maskz_loadu_epi16(lanes, bits + i);  // masked-off lanes read as zero
-    const __mmask32 nonzero = _mm512_test_epi16_mask(x, magnitude);
-    const __m512i e = _mm512_and_si512(_mm512_srli_epi16(x, 7), exponent);
-    e_low = _mm512_mask_min_epu16(e_low, nonzero, e_low, e);
-    any_sub |= _mm512_mask_cmpeq_epi16_mask(nonzero, e, _mm512_setzero_si512());
+    low[0] = _mm512_min_epu16(low[0], less_one(_mm512_maskz_loadu_epi16(lanes, bits + i)));  // masked off: zero
   }
   alignas(64) uint16_t lanes_low[32];
-  _mm512_store_si512(lanes_low, e_low);
-  for (uint16_t l : lanes_low) emin = std::min<int>(emin, l);
-  subnormal = subnormal || any_sub != 0;
+  _mm512_store_si512(lanes_low, _mm512_min_epu16(_mm512_min_epu16(low[0], low[1]), _mm512_min_epu16(low[2], low[3])));
+  uint16_t smallest_less_one = 0xffff;
+  for (uint16_t l : lanes_low) smallest_less_one = std::min(smallest_less_one, l);
+  if (smallest_less_one == 0xffff) return;  // all zero
+  const int smallest = smallest_less_one + 1;
+  emin = std::min(emin, smallest >> 7);
+  subnormal = subnormal || smallest < 0x80;
 #endif
 }
 
