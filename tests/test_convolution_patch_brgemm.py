@@ -138,6 +138,7 @@ X_IN_PLACE_CASES = [
     (("conv2d", 1, 64, 64, 2, (3, 3), (8, 9), {"groups": 2}, True), False),  # a group's channels are not a position's
     (("conv2d", 2, 17, 32, 1, (3, 3), (7, 8), {}, True), "float32"),  # bfloat16: the pad channel
     (("conv_transpose2d", 2, 32, 24, 1, (3, 3), (6, 7), {"padding": 2}, True), True),  # a conv2d of padding 0
+    (("conv_transpose2d", 2, 32, 24, 1, (2, 2), (6, 7), {"stride": 2}, False), True),  # four phases of one tap each
 ]
 
 
