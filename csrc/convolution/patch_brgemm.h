@@ -302,7 +302,7 @@ void stage_row(const Problem& p, const PatchStaging& st, const scalar_t* x, cons
 // Where staging would copy x unchanged: one group of channels_last positions, dense rows, no pad
 // channel, and only x's own whole rows staged (no padding read). A is then x itself, read in place:
 // the same operands in the same brgemms, so the same bits. Staged, a bfloat16 4x256x28x28 1x1 call
-// spent a fifth of its time copying on a Zen 4.
+// spent a sixth of its time staging on a Zen 4.
 inline bool reads_x_in_place(const Problem& p, const PatchPlan& plan, const Layout& xl) {
   const PatchStaging& st = plan.st;
   return plan.in_place && p.groups == 1 && xl.c == 1 && xl.w == p.Cin && xl.h == p.W * p.Cin && st.Cp == p.Cin &&
@@ -565,8 +565,8 @@ struct PatchCall {
   const Axis &ax_h, &ax_w;
   const PatchPlan& plan;
   const std::vector<scalar_t>& packed;  // pack_patch_weights
-  const scalar_t* staged;               // stage_patch_images, or x (reads_x_in_place)
-  int64_t image_stride;                 // from one image's group to the next's in `staged`
+  const scalar_t* images;               // the staged images (stage_input), or x (reads_x_in_place)
+  int64_t image_stride;                 // from one image's group to the next's in `images`
   ImageExponents* seen_by_tasks;        // bfloat16 read in place: the exponents the tasks read
   const std::vector<char>& done;        // the images this path computes
   const std::vector<float>& bias;       // per output channel, zero without one
@@ -638,7 +638,7 @@ struct PatchCall {
     const int64_t j_first = column_pair ? column_pair->first : task_j, j_second = column_pair ? column_pair->second : -1;
     const int64_t rows_first = rows_of(ph, j_first, m0), rows_second = rows_of(ph, j_second, m0);
     if (rows_first == 0 && rows_second == 0) return;
-    const scalar_t* image = staged + (n * G + g) * image_stride;
+    const scalar_t* image = images + (n * G + g) * image_stride;
     const PatchPhase& pp_first = plan.phases[i * n_pw() + j_first];
     if (seen_by_tasks) {
       if (rows_first > 0) fold_block_exponents(pp_first, image, m0, rows_first, n);
