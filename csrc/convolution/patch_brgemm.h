@@ -388,12 +388,19 @@ void store_unit_step_rows(const float* c, float* turned, const PatchBlock& blk, 
     }
     const int64_t piece_end = back_to_back ? rows : std::min(rows, m + pw.count - jw);
     const int64_t span = std::min<int64_t>(16, piece_end - m);
+    // A short piece (a 28-column row's last 12) as the whole 16 positions ending with it, where they
+    // are this block's and its output row's: the ones before it are stored again, with the same
+    // bits, and the tile goes straight into the output, not through `turned` channel by channel
+    // (a bfloat16 grouped 4x64x28x28 conv: 1.5-2.7% less time on a Zen 4).
+    const int64_t back = 16 - span;
+    const bool whole_from_behind = span < 16 && m >= back && (back_to_back || jw >= back);
     scalar_t* row = out_nc + (ph.r + ax_h.out_step * jh) * ol.h + pw.r + jw;
     for (int64_t co = 0; co < cols; co += 16) {
       const float* tile = c + m * blk.ldc + co;
       const int64_t channels = std::min<int64_t>(16, cols - co);
-      if (span == 16 && channels == 16) {
-        transpose_tile(tile, blk.ldc, row + co * ol.c, ol.c);
+      if ((span == 16 || whole_from_behind) && channels == 16) {
+        const int64_t from = span == 16 ? 0 : back;
+        transpose_tile(tile - from * blk.ldc, blk.ldc, row - from + co * ol.c, ol.c);
         continue;
       }
       transpose_tile(tile, blk.ldc, turned, int64_t(16));
