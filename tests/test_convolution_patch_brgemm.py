@@ -171,9 +171,10 @@ def test_an_image_read_in_place_that_fails_the_rule_is_computed_again():
     check_a_failing_image_is_computed_alone(x, w, b, {})
 
 
-# Where one element of image 1 sits: each of the four 32-lane minima of the exponent scan's body,
-# their last lanes, and its tail (2240 elements: 17 bodies of 128 and 64 past them), read in place
-# and staged.
+# Where one element of image 1 sits: first and last lanes of each of the exponent scan's four
+# 32-lane minima and of its tail, as an image of 2240 elements is cut into runs (staged: rows of 7
+# positions, 448 elements, 3 bodies of 128 and a 64-element tail; read in place: each block's span).
+# Leaving one of the four minima out of the result failed this test.
 @pytest.mark.parametrize("x_format", FORMATS)
 @pytest.mark.parametrize("at", [0, 31, 32, 95, 96, 127, 128, 2175, 2176, 2207, 2239])
 def test_the_exponent_rule_sees_every_element(at, x_format):
