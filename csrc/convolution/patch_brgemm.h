@@ -718,7 +718,8 @@ std::vector<char> convolve_patch_brgemm(const Problem& p, const Axis& ax_h, cons
     for (int64_t task = first; task < last; ++task) call.run(task, buf);
     at::native::cpublas::brgemm_release(PatchCall<scalar_t>::paired);
   });
-  const std::vector<char> done = rule.images_passing<scalar_t>(p.N);
+  // Staged, the images that pass were known before the tasks; read in place, only now.
+  const std::vector<char> done = x_in_place ? rule.images_passing<scalar_t>(p.N) : to_compute;
   count_patch_images<scalar_t>(done, x_in_place);
   return done;
 }
