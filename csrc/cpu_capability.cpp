@@ -14,6 +14,7 @@
 
 #include "convolution/kernel_table.h"
 #include "dispatch.h"
+#include "kernels/elementwise_kernels.h"
 
 namespace fuel {
 namespace {
@@ -193,6 +194,37 @@ bool float_brgemm_enabled() {
   return allowed && capability() != Capability::DEFAULT && at::globalContext().userEnabledMkldnn();
 }
 
+// AMD family 19h: Zen 3 and Zen 4, of which only Zen 4 runs the AVX512 level.
+bool cpu_is_amd_family_19h() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return false;
+  const bool amd = ebx == 0x68747541 && edx == 0x69746e65 && ecx == 0x444d4163;  // "AuthenticAMD"
+  if (!amd || !__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return false;
+  const unsigned base = eax >> 8 & 0xf, extended = eax >> 20 & 0xff;
+  return (base == 0xf ? base + extended : base) == 0x19;
+}
+
+// The reciprocal was measured faster than the divider on Zen 5 (float16 div at 64K elements: 1.01
+// -> 0.91-0.95 of torch's time). On Zen 4 the divider wins: the reciprocal's special-value check and
+// estimate cost more there than the divider's two 256-bit halves (in-process A/B, float16 div,
+// fuel/torch at 1 / 2 threads: 64K 1.07 / 0.90 -> 0.87 / 0.77, 4M 0.98 / 1.01 -> 0.86 / 0.83).
+// FUEL_FLOAT16_DIVISION=reciprocal|divider overrides the CPU's choice (read once), for tests and
+// for measuring.
+bool float16_division_by_reciprocal() {
+  static const bool reciprocal = [] {
+    const char* env = std::getenv("FUEL_FLOAT16_DIVISION");
+    if (env && *env) {
+      const std::string choice(env);
+      TORCH_CHECK(choice == "reciprocal" || choice == "divider", "fuel: FUEL_FLOAT16_DIVISION='", choice,
+                  "' names no way to divide float16: use 'reciprocal' or 'divider', or unset it to let the CPU ",
+                  "choose.");
+      return choice == "reciprocal";
+    }
+    return !cpu_is_amd_family_19h();
+  }();
+  return reciprocal;
+}
+
 // Read per call, so that one process can compare the patch path with the per-tap one.
 bool patch_brgemm_allowed() {
   const char* env = std::getenv("FUEL_PATCH");
@@ -234,6 +266,11 @@ void bind_cpu_capability(pybind11::module_& m) {
   m.def("patch_brgemm", &patch_brgemm_allowed,
         "Whether brgemm convolutions with a kernel larger than 1x1 reduce over whole patches (patch_brgemm.h): "
         "FUEL_PATCH is not 0 (read per call).");
+  m.def("float16_division", [] {
+    const bool reciprocal = capability() == Capability::AVX512 && float16_division_by_reciprocal();
+    return std::string(reciprocal ? "reciprocal" : "divider");
+  }, "How float16 div runs: 'reciprocal' (a reciprocal estimate and one correction, at the AVX512 level on CPUs "
+     "where that beats the divider) or 'divider'; FUEL_FLOAT16_DIVISION overrides the CPU's choice (read once).");
   m.def("init_cpu_capability", [] { return std::string(capability_name(choose_capability())); },
         "Chooses the kernels' instruction-set level from the CPU and FUEL_CPU_CAPABILITY; raises if the "
         "variable asks for a level that is unknown, not built or beyond this CPU.");

@@ -9,7 +9,9 @@ from importlib import metadata as _metadata
 import torch
 
 from . import _C  # noqa: F401  (loading the library registers the ops)
-from .capability import amx_convolution, bfloat16_brgemm, cpu_capability, float_brgemm, patch_brgemm  # importing it chooses the kernels' instruction-set level
+# importing capability chooses the kernels' instruction-set level
+from .capability import (amx_convolution, bfloat16_brgemm, cpu_capability, float16_division, float_brgemm,
+                         patch_brgemm)
 from .contracts import Contract, ContractFormatError, ContractSet, contract, installed, load_contracts, rules_for_cpp
 from .enforce import ContractViolation
 from .layout import current_policy, layout_policy
@@ -36,6 +38,7 @@ except _metadata.PackageNotFoundError:  # a source tree on sys.path, never insta
 __all__ = [
     "Contract", "ContractFormatError", "ContractSet", "ContractViolation", "contract", "installed",
     "load_contracts", "cpu_capability", "amx_convolution", "bfloat16_brgemm", "float_brgemm", "patch_brgemm",
+    "float16_division",
     "layout_policy", "current_policy",
     "add", "sub", "mul", "div", "maximum", "minimum", "pow", "rem", "conv2d", "conv_transpose2d",
 ]

@@ -22,7 +22,8 @@ def capability_line() -> str:
             f"convolutions on brgemm: {fuel_torch.bfloat16_brgemm() or 'no'} (FUEL_BF16_BRGEMM=0 turns it off); float32 "
             f"convolutions on brgemm: {'yes' if fuel_torch.float_brgemm() else 'no'} (FUEL_BRGEMM=0 "
             f"turns it off); whole patches per brgemm: {'yes' if fuel_torch.patch_brgemm() else 'no'} "
-            "(FUEL_PATCH=0 turns it off)")
+            f"(FUEL_PATCH=0 turns it off); float16 div by the {fuel_torch.float16_division()} "
+            "(FUEL_FLOAT16_DIVISION=reciprocal|divider chooses)")
 
 
 def kernel_table() -> int:

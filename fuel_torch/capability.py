@@ -53,6 +53,14 @@ def patch_brgemm() -> bool:
     return bool(_C.patch_brgemm())
 
 
+def float16_division() -> str:
+    """How float16 div runs: "reciprocal" (a reciprocal estimate and one correction, at the AVX512
+    level on CPUs where that beats the divider: all but AMD's family 19h, Zen 4) or "divider". Both
+    give torch's bits. The environment variable FUEL_FLOAT16_DIVISION ("reciprocal" or "divider")
+    overrides the CPU's choice (read once, at the first float16 div)."""
+    return _C.float16_division()
+
+
 def supported_capabilities() -> list[str]:
     """Levels this build has and this CPU supports, lowest first (FUEL_CPU_CAPABILITY may name any)."""
     return list(_C.cpu_capabilities())

@@ -16,6 +16,11 @@ Which oracle, per op:
 """
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -268,9 +273,9 @@ def test_streaming_stores_give_the_same_bits(op, dtype):
 
 
 def test_float16_division_matches_torch_for_every_dividend():
-    """float16 div at the AVX512 level replaces the divider by a reciprocal estimate and one
-    correction (elementwise_kernels.cpp, Div::apply_for_float16), whose bits equal the division's
-    only by an argument about how close a float16 quotient can come to a rounding boundary (checked
+    """float16 div at the AVX512 level may replace the divider by a reciprocal estimate and one
+    correction (elementwise_kernels.cpp, DivByReciprocal; fuel_torch.float16_division() says which
+    this process takes), whose bits equal the division's only by an argument about how close a float16 quotient can come to a rounding boundary (checked
     over all 2^32 pairs when it was written). Every float16 bit pattern as the dividend, against
     divisors from every binade, both signs, subnormals, the extremes and the special values, in
     orders that mix special and ordinary lanes within a vector: bit for bit torch's a / b (NaN
@@ -289,6 +294,48 @@ def test_float16_division_matches_torch_for_every_dividend():
         rhs = divisor.expand(dividends.shape).contiguous()
         assert_torchs_quotient(fuel("div", dividends, rhs), dividends / rhs, divisor.item())
         assert_torchs_quotient(fuel("div", rhs, dividends), rhs / dividends, divisor.item())
+
+
+def run_with_float16_division(code: str, choice: str) -> subprocess.CompletedProcess:
+    """`code` in a child process with FUEL_FLOAT16_DIVISION=`choice` (read once per process), from
+    tests/ (the repository root would import the source folder, not the installed package)."""
+    return subprocess.run([sys.executable, "-c", code], env={**os.environ, "FUEL_FLOAT16_DIVISION": choice},
+                          cwd=Path(__file__).parent, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("choice", ("reciprocal", "divider"))
+def test_float16_division_either_way_matches_torch_for_every_dividend(choice):
+    """The CPU picks one way to divide float16 (fuel_torch.capability.float16_division); the other
+    must stay right too, since another CPU picks it. Each runs the every-dividend test in a child
+    process that reports the way it took: the reciprocal wherever the kernels run at AVX512."""
+    code = ("import sys, pytest, fuel_torch; print(fuel_torch.float16_division()); "
+            "sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', "
+            "'test_elementwise_parity.py::test_float16_division_matches_torch_for_every_dividend']))")
+    result = run_with_float16_division(code, choice)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    taken = "reciprocal" if choice == "reciprocal" and fuel_torch.cpu_capability() == "AVX512" else "divider"
+    assert lines[0] == taken
+    assert lines[-1].startswith("1 passed"), lines[-1]
+
+
+def test_an_unknown_float16_division_is_refused_by_name():
+    code = ("import torch, fuel_torch\n"
+            "a = torch.ones(8, dtype=torch.float16)\n"
+            "for call in (fuel_torch.float16_division, lambda: torch.ops.fuel.div(a, a)):\n"
+            "    try:\n"
+            "        call()\n"
+            "    except RuntimeError as error:\n"
+            "        print(str(error).splitlines()[0])\n"
+            "print(torch.ops.fuel.div(a.float(), a.float()).sum().item())\n")
+    result = run_with_float16_division(code, "fast")
+    assert result.returncode == 0, result.stderr[-2000:]
+    message = ("fuel: FUEL_FLOAT16_DIVISION='fast' names no way to divide float16: use 'reciprocal' or "
+               "'divider', or unset it to let the CPU choose.")
+    lines = result.stdout.splitlines()
+    # Below AVX512 there is no choice to make, so neither call reads the variable.
+    expected = [message, message] if fuel_torch.cpu_capability() == "AVX512" else []
+    assert lines == expected + ["8.0"]
 
 
 @pytest.mark.parametrize("op", ("add", "sub", "mul", "div"))

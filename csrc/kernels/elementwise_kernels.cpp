@@ -80,14 +80,17 @@ struct Mul {
 };
 struct Div {
   template <typename V> static V apply(const V& a, const V& b) { return a / b; }
+};
 #if defined(CPU_CAPABILITY_AVX512)
-  // float16 lanes (widened to float): the float quotient from a reciprocal estimate and one
-  // correction, q = q0 + (a - q0 b) r with r = rcp14(b), q0 = a r, in place of the divider (half
-  // its throughput here). q lies within half a float ulp plus 2^-27 |a/b| of a/b, and is exact
-  // where a/b is a float; a quotient of two float16 values that is not a float16 midpoint lies at
-  // least 2^-23 |a/b| from every midpoint. So q rounds to the float16 that a / b in float rounds
-  // to (torch's result), bit for bit: checked over all 2^32 pairs of float16 values. Vectors with
-  // a zero, infinite or NaN lane divide (every such lane's result is the division's either way).
+// float16 div (lanes widened to float) without the divider, where that is faster (chosen per CPU:
+// float16_division_by_reciprocal): the float quotient from a reciprocal estimate and one
+// correction, q = q0 + (a - q0 b) r with r = rcp14(b), q0 = a r. q lies within half a float ulp
+// plus 2^-27 |a/b| of a/b, and is exact where a/b is a float; a quotient of two float16 values
+// that is not a float16 midpoint lies at least 2^-23 |a/b| from every midpoint. So q rounds to the
+// float16 that a / b in float rounds to (torch's result), bit for bit: checked over all 2^32 pairs
+// of float16 values. Vectors with a zero, infinite or NaN lane divide (every such lane's result is
+// the division's either way).
+struct DivByReciprocal : Div {
   static Vectorized<float> apply_for_float16(const Vectorized<float>& a, const Vectorized<float>& b) {
     constexpr int kZeroInfNan = 0x9f;  // vfpclassps: QNaN, +-0, +-inf, SNaN
     const __m512 x = a, y = b;
@@ -96,8 +99,8 @@ struct Div {
     const __m512 q0 = _mm512_mul_ps(x, r);
     return _mm512_fmadd_ps(_mm512_fnmadd_ps(q0, y, x), r, q0);
   }
-#endif
 };
+#endif
 // ---------------------------------------------------------------------------------------------
 // pow, ours in every dtype, the special cases set exactly as C99 defines them. float: exp2(y *
 // log2|x|) evaluated in double, within 5e-9 relative of the exact power before its one rounding to
@@ -788,12 +791,24 @@ void streaming_triad(const void* lhs_data, const void* rhs_data, void* out_data,
   });
 }
 
+// The div row. At the AVX512 level float16 takes the reciprocal or the divider, per CPU.
+constexpr std::array<BinaryKernel, kKernelDtypes> div_row() {
+  std::array<BinaryKernel, kKernelDtypes> kernels = row<Div>();
+#if defined(CPU_CAPABILITY_AVX512)
+  kernels[3] = [](const void* lhs, const void* rhs, void* out, int64_t n) {
+    (float16_division_by_reciprocal() ? binary_kernel<at::Half, DivByReciprocal> : binary_kernel<at::Half, Div>)(
+        lhs, rhs, out, n);
+  };
+#endif
+  return kernels;
+}
+
 }  // namespace
 
 // Constant-initialized (no code runs at load), in BinaryOp order.
 extern const BinaryKernels binary_kernels;
 const BinaryKernels binary_kernels = {
-    {row<Add>(), row<Sub>(), row<Mul>(), row<Div>(), row<Maximum>(), row<Minimum>(), row<Pow>(), row<Rem>()},
+    {row<Add>(), row<Sub>(), row<Mul>(), div_row(), row<Maximum>(), row<Minimum>(), row<Pow>(), row<Rem>()},
     streaming_triad};
 
 }  // namespace CPU_CAPABILITY

@@ -22,4 +22,8 @@ struct BinaryKernels {
   BinaryKernel streaming_triad;
 };
 
+// Whether float16 div at the AVX512 level takes a reciprocal estimate and one correction rather
+// than the divider (same bits either way). Chosen once per process (cpu_capability.cpp).
+bool float16_division_by_reciprocal();
+
 }  // namespace fuel
