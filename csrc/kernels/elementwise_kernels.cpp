@@ -534,7 +534,37 @@ constexpr bool is_half = std::is_same_v<scalar_t, at::BFloat16> || std::is_same_
 // half of its float) and packs back within blocks, which restores the order (at 64K elements in
 // cache: 13 -> 8 us). The rounding is at::vec's, bit for bit: to nearest even, every NaN 0xffff.
 // float16 converts by instruction (F16C), in order, on every level but DEFAULT.
-#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+#if defined(CPU_CAPABILITY_AVX512)
+inline std::pair<Vectorized<float>, Vectorized<float>> widen(const Vectorized<at::BFloat16>& v) {
+  const __m512i zero = _mm512_setzero_si512();
+  return {_mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, v)), _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, v))};
+}
+// Each float lane rounded to bf16 in the lane's high half (the low half is left over): to nearest
+// even, every NaN all ones.
+inline __m512i bf16_in_high_half(const __m512 f) {
+  const __m512i bits = _mm512_castps_si512(f);
+  const __m512i lowest_kept_bit = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7fff)), lowest_kept_bit);
+  return _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q), _mm512_set1_epi32(-1));
+}
+// The high halves of lo's and hi's lanes in one two-table permute, in the order packing each
+// block's lo lanes then its hi lanes gives, which undoes widen's unpacks. A shift per vector and a
+// pack did the same in three operations, and the NaN blend through a vector mask took two more
+// per vector: 20 operations per 32 lanes of a bf16 mul where there were 30 (a loop in cache: 3.5
+// -> 2.9 ns per 32 lanes).
+inline Vectorized<at::BFloat16> narrow_bf16(const Vectorized<float>& lo, const Vectorized<float>& hi) {
+  static constexpr std::array<int16_t, 32> high_halves = [] {
+    std::array<int16_t, 32> index{};
+    for (int j = 0; j < 32; ++j) {
+      const int block = j / 8, k = j % 8;  // word k of the output's 128-bit block
+      index[j] = static_cast<int16_t>(k < 4 ? 2 * (4 * block + k) + 1 : 32 + 2 * (4 * block + k - 4) + 1);
+    }
+    return index;
+  }();
+  return _mm512_permutex2var_epi16(bf16_in_high_half(lo), _mm512_loadu_si512(high_halves.data()),
+                                   bf16_in_high_half(hi));
+}
+#elif defined(CPU_CAPABILITY_AVX2)
 // Each float lane's bf16 bits, in the lane's low half.
 inline Vectorized<int32_t> bf16_bits_of(const Vectorized<float>& f) {
   using VI = Vectorized<int32_t>;
@@ -542,15 +572,6 @@ inline Vectorized<int32_t> bf16_bits_of(const Vectorized<float>& f) {
   const VI rounded = ((bits + ((bits >> VI(16)) & VI(1)) + VI(0x7fff)) >> VI(16)) & VI(0xffff);
   return VI::blendv(rounded, VI(0xffff), bits_of(f != f));
 }
-#if defined(CPU_CAPABILITY_AVX512)
-inline std::pair<Vectorized<float>, Vectorized<float>> widen(const Vectorized<at::BFloat16>& v) {
-  const __m512i zero = _mm512_setzero_si512();
-  return {_mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, v)), _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, v))};
-}
-inline Vectorized<at::BFloat16> narrow_bf16(const Vectorized<float>& lo, const Vectorized<float>& hi) {
-  return _mm512_packus_epi32(bf16_bits_of(lo), bf16_bits_of(hi));
-}
-#else
 inline std::pair<Vectorized<float>, Vectorized<float>> widen(const Vectorized<at::BFloat16>& v) {
   const __m256i zero = _mm256_setzero_si256();
   return {_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, v)), _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, v))};
@@ -558,7 +579,6 @@ inline std::pair<Vectorized<float>, Vectorized<float>> widen(const Vectorized<at
 inline Vectorized<at::BFloat16> narrow_bf16(const Vectorized<float>& lo, const Vectorized<float>& hi) {
   return _mm256_packus_epi32(bf16_bits_of(lo), bf16_bits_of(hi));
 }
-#endif
 #else
 inline std::pair<Vectorized<float>, Vectorized<float>> widen(const Vectorized<at::BFloat16>& v) {
   auto [lo, hi] = at::vec::convert_to_float<at::BFloat16>(v);
