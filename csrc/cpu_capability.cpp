@@ -194,6 +194,7 @@ bool float_brgemm_enabled() {
   return allowed && capability() != Capability::DEFAULT && at::globalContext().userEnabledMkldnn();
 }
 
+namespace {
 // AMD family 19h: Zen 3 and Zen 4, of which only Zen 4 runs the AVX512 level.
 bool cpu_is_amd_family_19h() {
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
@@ -203,6 +204,7 @@ bool cpu_is_amd_family_19h() {
   const unsigned base = eax >> 8 & 0xf, extended = eax >> 20 & 0xff;
   return (base == 0xf ? base + extended : base) == 0x19;
 }
+}  // namespace
 
 // The reciprocal was measured faster than the divider on Zen 5 (float16 div at 64K elements: 1.01
 // -> 0.91-0.95 of torch's time). On Zen 4 the divider wins: the reciprocal's special-value check and

@@ -275,8 +275,9 @@ def test_streaming_stores_give_the_same_bits(op, dtype):
 def test_float16_division_matches_torch_for_every_dividend():
     """float16 div at the AVX512 level may replace the divider by a reciprocal estimate and one
     correction (elementwise_kernels.cpp, DivByReciprocal; fuel_torch.float16_division() says which
-    this process takes), whose bits equal the division's only by an argument about how close a float16 quotient can come to a rounding boundary (checked
-    over all 2^32 pairs when it was written). Every float16 bit pattern as the dividend, against
+    this process takes), whose bits equal the division's only by an argument about how close a
+    float16 quotient can come to a rounding boundary (checked over all 2^32 pairs when it was
+    written). Every float16 bit pattern as the dividend, against
     divisors from every binade, both signs, subnormals, the extremes and the special values, in
     orders that mix special and ordinary lanes within a vector: bit for bit torch's a / b (NaN
     results: NaN where torch's is; their payloads are test_arithmetic_nan_payloads_follow_the_lhs's)."""
@@ -305,7 +306,7 @@ def run_with_float16_division(code: str, choice: str) -> subprocess.CompletedPro
 
 @pytest.mark.parametrize("choice", ("reciprocal", "divider"))
 def test_float16_division_either_way_matches_torch_for_every_dividend(choice):
-    """The CPU picks one way to divide float16 (fuel_torch.capability.float16_division); the other
+    """The CPU picks one way to divide float16 (fuel_torch.float16_division()); the other
     must stay right too, since another CPU picks it. Each runs the every-dividend test in a child
     process that reports the way it took: the reciprocal wherever the kernels run at AVX512."""
     code = ("import sys, pytest, fuel_torch; print(fuel_torch.float16_division()); "
@@ -341,8 +342,8 @@ def test_an_unknown_float16_division_is_refused_by_name():
 @pytest.mark.parametrize("op", ("add", "sub", "mul", "div"))
 def test_bfloat16_rounding_matches_torch_for_every_lhs(op):
     """bfloat16 results are narrowed from float by our own rounding (elementwise_kernels.cpp,
-    bf16_bits_of: to nearest even, subnormals kept, every NaN 0xffff), on blocks widened out of
-    order and packed back. Every bfloat16 bit pattern as lhs, in order and shuffled (so that NaN,
+    narrow_bf16: to nearest even, subnormals kept, every NaN 0xffff), on blocks widened out of
+    order and packed back (at AVX512 by one permute of both vectors' high halves). Every bfloat16 bit pattern as lhs, in order and shuffled (so that NaN,
     subnormal, overflowing and ordinary lanes share vectors), against rhs from every binade, both
     signs, ties, subnormals, the extremes and the special values: bit for bit torch's result (NaN
     results: NaN where torch's is; their payloads are test_arithmetic_nan_payloads_follow_the_lhs's)."""

@@ -68,14 +68,16 @@ FUEL_LHS_FIRST(mul_lhs_first, "vmul")
 // result is rounded once from the same exact value (signed zeros and inf - inf's NaN included).
 // NaNs: a fused multiply-add returns its multiplicands' NaN before its addend's, and the addend's
 // unnegated (Intel's SDM, "FMA Numeric Behavior"; the payload test pins it on each CPU), so with a
-// multiplied by 1 and b added a's NaN wins and a lone NaN b comes back as it is. float16 lanes take it: on Zen 4 the float16 conversions run on the adder pipes, which
-// vaddps would share, while the FMA pipes are free (a loop over float16 in cache: 2.97 -> 2.58 ns
-// per 32 lanes, as fast as mul).
+// multiplied by 1 and b added a's NaN wins and a lone NaN b comes back as it is. float16 lanes
+// take it: on Zen 4 the float16 conversions run on the adder pipes, which vaddps would share,
+// while the FMA pipes are free (a loop over float16 in cache: 2.97 -> 2.58 ns per 32 lanes, as
+// fast as mul).
 #define FUEL_ADD_FUSED(name, instruction)                                                             \
   inline Vectorized<float> name(const Vectorized<float>& a, const Vectorized<float>& b) {             \
+    const FloatRegister one = Vectorized<float>(1.f);                                                   \
     FloatRegister r = a;                                                                                \
     asm(instruction "ps %2, %1, %0" : "+" FUEL_VECTOR_REGISTER(r)                                       \
-        : FUEL_VECTOR_REGISTER(FloatRegister(Vectorized<float>(1.f))), FUEL_VECTOR_REGISTER(FloatRegister(b))); \
+        : FUEL_VECTOR_REGISTER(one), FUEL_VECTOR_REGISTER(FloatRegister(b)));                           \
     return r;                                                                                           \
   }
 FUEL_ADD_FUSED(add_fused, "vfmadd213")
