@@ -712,6 +712,24 @@ inline Vectorized<scalar_t> compute(const scalar_t* lhs, const scalar_t* rhs) {
   }
 }
 
+// compute's vector stored whole at out. float16 at AVX512 stores each half as it is rounded (by
+// ATen's own cvtfp32_fp16, which narrow applies): building one vector of the two cost an insert
+// per vector (a loop over float16 in cache: 2.8 -> 2.5 ns per 32 lanes on a Zen 4).
+template <typename scalar_t, typename Op>
+inline void compute_into(const scalar_t* lhs, const scalar_t* rhs, scalar_t* out) {
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (std::is_same_v<scalar_t, at::Half> && !is_selection<Op>::value) {
+    auto [a_lo, a_hi] = load_widened(lhs);
+    auto [b_lo, b_hi] = load_widened(rhs);
+    auto* halves = reinterpret_cast<__m256i*>(out);
+    _mm256_storeu_si256(halves, at::vec::cvtfp32_fp16(apply_to_half_lanes<scalar_t, Op>(a_lo, b_lo)));
+    _mm256_storeu_si256(halves + 1, at::vec::cvtfp32_fp16(apply_to_half_lanes<scalar_t, Op>(a_hi, b_hi)));
+    return;
+  }
+#endif
+  compute<scalar_t, Op>(lhs, rhs).store(out);
+}
+
 // Non-temporal stores write around the caches: they save the read for ownership of every output
 // line and keep the operands cached, but the output then has to come back from memory. They pay
 // once a call's working set (lhs, rhs and out) no longer stays in a cache that serves a core faster
@@ -792,11 +810,10 @@ void run_range(const scalar_t* lhs, const scalar_t* rhs, scalar_t* out, int64_t 
   constexpr int64_t V = Vec::size();
   int64_t i = begin;
   for (; i + V <= end; i += V) {
-    const Vec result = compute<scalar_t, Op>(lhs + i, rhs + i);
     if constexpr (kStreaming) {
-      stream(out + i, result);
+      stream(out + i, compute<scalar_t, Op>(lhs + i, rhs + i));
     } else {
-      result.store(out + i);
+      compute_into<scalar_t, Op>(lhs + i, rhs + i, out + i);
     }
   }
   if (i < end) {
