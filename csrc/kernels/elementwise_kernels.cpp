@@ -496,14 +496,18 @@ struct Maximum {
   template <typename V> static V take_rhs(const V& a, const V& b) { return (a == a) ^ (b <= a); }
   template <typename VI> static VI rhs_beyond(const VI& key_a, const VI& key_b) { return key_b > key_a; }
 #if defined(CPU_CAPABILITY_AVX512)
-  static __mmask32 rhs_beyond(const __m512i& key_a, const __m512i& key_b) { return _mm512_cmpgt_epi16_mask(key_b, key_a); }
+  static __mmask32 rhs_beyond(const __m512i& key_a, const __m512i& key_b) {
+    return _mm512_cmpgt_epi16_mask(key_b, key_a);
+  }
 #endif
 };
 struct Minimum {
   template <typename V> static V take_rhs(const V& a, const V& b) { return (a == a) ^ (b >= a); }
   template <typename VI> static VI rhs_beyond(const VI& key_a, const VI& key_b) { return key_b < key_a; }
 #if defined(CPU_CAPABILITY_AVX512)
-  static __mmask32 rhs_beyond(const __m512i& key_a, const __m512i& key_b) { return _mm512_cmplt_epi16_mask(key_b, key_a); }
+  static __mmask32 rhs_beyond(const __m512i& key_a, const __m512i& key_b) {
+    return _mm512_cmplt_epi16_mask(key_b, key_a);
+  }
 #endif
 };
 
@@ -680,6 +684,14 @@ inline std::pair<Vectorized<float>, Vectorized<float>> load_widened(const at::BF
   return widen(Vectorized<at::BFloat16>::loadu(p));
 }
 
+// A half op's float results for the one vector of operands at lhs and rhs, as two widened halves.
+template <typename scalar_t, typename Op>
+inline std::pair<Vectorized<float>, Vectorized<float>> half_results(const scalar_t* lhs, const scalar_t* rhs) {
+  auto [a_lo, a_hi] = load_widened(lhs);
+  auto [b_lo, b_hi] = load_widened(rhs);
+  return {apply_to_half_lanes<scalar_t, Op>(a_lo, b_lo), apply_to_half_lanes<scalar_t, Op>(a_hi, b_hi)};
+}
+
 // op(lhs[j], rhs[j]) for the one vector of operands at lhs and rhs. Body and tail go through this
 // same function (the tail from zero-padded copies whose extra lanes are never stored), so out[i]
 // depends on lhs[i] and rhs[i] alone.
@@ -704,9 +716,8 @@ inline Vectorized<scalar_t> compute(const scalar_t* lhs, const scalar_t* rhs) {
       return Vec::blendv(a, b, Op::take_rhs(a, b));
     }
   } else if constexpr (is_half<scalar_t>) {
-    auto [a_lo, a_hi] = load_widened(lhs);
-    auto [b_lo, b_hi] = load_widened(rhs);
-    return narrow<scalar_t>(apply_to_half_lanes<scalar_t, Op>(a_lo, b_lo), apply_to_half_lanes<scalar_t, Op>(a_hi, b_hi));
+    auto [lo, hi] = half_results<scalar_t, Op>(lhs, rhs);
+    return narrow<scalar_t>(lo, hi);
   } else {
     return Op::apply(Vec::loadu(lhs), Vec::loadu(rhs));
   }
@@ -719,11 +730,10 @@ template <typename scalar_t, typename Op>
 inline void compute_into(const scalar_t* lhs, const scalar_t* rhs, scalar_t* out) {
 #if defined(CPU_CAPABILITY_AVX512)
   if constexpr (std::is_same_v<scalar_t, at::Half> && !is_selection<Op>::value) {
-    auto [a_lo, a_hi] = load_widened(lhs);
-    auto [b_lo, b_hi] = load_widened(rhs);
+    auto [lo, hi] = half_results<scalar_t, Op>(lhs, rhs);
     auto* halves = reinterpret_cast<__m256i*>(out);
-    _mm256_storeu_si256(halves, at::vec::cvtfp32_fp16(apply_to_half_lanes<scalar_t, Op>(a_lo, b_lo)));
-    _mm256_storeu_si256(halves + 1, at::vec::cvtfp32_fp16(apply_to_half_lanes<scalar_t, Op>(a_hi, b_hi)));
+    _mm256_storeu_si256(halves, at::vec::cvtfp32_fp16(lo));
+    _mm256_storeu_si256(halves + 1, at::vec::cvtfp32_fp16(hi));
     return;
   }
 #endif
