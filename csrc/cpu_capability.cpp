@@ -269,10 +269,11 @@ void bind_cpu_capability(pybind11::module_& m) {
         "Whether brgemm convolutions with a kernel larger than 1x1 reduce over whole patches (patch_brgemm.h): "
         "FUEL_PATCH is not 0 (read per call).");
   m.def("float16_division", [] {
-    const bool reciprocal = capability() == Capability::AVX512 && float16_division_by_reciprocal();
-    return std::string(reciprocal ? "reciprocal" : "divider");
+    const bool reciprocal = float16_division_by_reciprocal();  // first: it checks FUEL_FLOAT16_DIVISION at any level
+    return std::string(reciprocal && capability() == Capability::AVX512 ? "reciprocal" : "divider");
   }, "How float16 div runs: 'reciprocal' (a reciprocal estimate and one correction, at the AVX512 level on CPUs "
-     "where that beats the divider) or 'divider'; FUEL_FLOAT16_DIVISION overrides the CPU's choice (read once).");
+     "where that beats the divider) or 'divider'; FUEL_FLOAT16_DIVISION overrides the CPU's choice (read once; "
+     "raises if it names neither).");
   m.def("init_cpu_capability", [] { return std::string(capability_name(choose_capability())); },
         "Chooses the kernels' instruction-set level from the CPU and FUEL_CPU_CAPABILITY; raises if the "
         "variable asks for a level that is unknown, not built or beyond this CPU.");

@@ -57,7 +57,7 @@ def float16_division() -> str:
     """How float16 div runs: "reciprocal" (a reciprocal estimate and one correction, at the AVX512
     level on CPUs where that beats the divider: all but AMD's family 19h, Zen 4) or "divider". Both
     give torch's bits. The environment variable FUEL_FLOAT16_DIVISION ("reciprocal" or "divider")
-    overrides the CPU's choice (read once, at the first float16 div)."""
+    overrides the CPU's choice (read once, at import, which refuses any other value)."""
     return _C.float16_division()
 
 
@@ -72,11 +72,14 @@ def built_capabilities() -> list[str]:
 
 
 def choose() -> str:
-    """Chooses the level from the CPU and FUEL_CPU_CAPABILITY (done at import)."""
+    """Chooses the level from the CPU and FUEL_CPU_CAPABILITY, and float16 div's way from the CPU and
+    FUEL_FLOAT16_DIVISION (done at import: a value either variable does not know is refused there)."""
     try:
-        return _C.init_cpu_capability()
+        level = _C.init_cpu_capability()
+        _C.float16_division()
     except RuntimeError as error:
         raise ImportError(str(error).splitlines()[0]) from None
+    return level
 
 
 choose()
