@@ -277,10 +277,10 @@ def test_float16_division_matches_torch_for_every_dividend():
     correction (elementwise_kernels.cpp, DivByReciprocal; fuel_torch.float16_division() says which
     this process takes), whose bits equal the division's only by an argument about how close a
     float16 quotient can come to a rounding boundary (checked over all 2^32 pairs when it was
-    written). Every float16 bit pattern as the dividend, against
-    divisors from every binade, both signs, subnormals, the extremes and the special values, in
-    orders that mix special and ordinary lanes within a vector: bit for bit torch's a / b (NaN
-    results: NaN where torch's is; their payloads are test_arithmetic_nan_payloads_follow_the_lhs's)."""
+    written). Every float16 bit pattern as the dividend, against divisors from every binade, both
+    signs, subnormals, the extremes and the special values, in orders that mix special and ordinary
+    lanes within a vector: bit for bit torch's a / b (NaN results: NaN where torch's is; their
+    payloads are test_arithmetic_nan_payloads_follow_the_lhs's)."""
     def assert_torchs_quotient(ours, theirs, divisor):
         nan = torch.isnan(theirs)
         assert torch.equal(torch.isnan(ours), nan), divisor
@@ -306,9 +306,9 @@ def run_with_float16_division(code: str, choice: str) -> subprocess.CompletedPro
 
 @pytest.mark.parametrize("choice", ("reciprocal", "divider"))
 def test_float16_division_either_way_matches_torch_for_every_dividend(choice):
-    """The CPU picks one way to divide float16 (fuel_torch.float16_division()); the other
-    must stay right too, since another CPU picks it. Each runs the every-dividend test in a child
-    process that reports the way it took: the reciprocal wherever the kernels run at AVX512."""
+    """The CPU picks one way to divide float16 (fuel_torch.float16_division()); the other must stay
+    right too, since another CPU picks it. Each runs the every-dividend test in a child process that
+    reports the way it took: the reciprocal wherever the kernels run at AVX512."""
     code = ("import sys, pytest, fuel_torch; print(fuel_torch.float16_division()); "
             "sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', "
             "'test_elementwise_parity.py::test_float16_division_matches_torch_for_every_dividend']))")
