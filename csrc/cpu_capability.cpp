@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cctype>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 
@@ -195,16 +196,27 @@ bool float_brgemm_enabled() {
 }
 
 namespace {
+// The CPU's vendor string (CPUID leaf 0), or "" where there is none.
+std::string cpu_vendor() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return "";
+  char name[12];
+  std::memcpy(name, &ebx, 4);
+  std::memcpy(name + 4, &edx, 4);
+  std::memcpy(name + 8, &ecx, 4);
+  return std::string(name, 12);
+}
+
 // AMD family 19h: Zen 3 and Zen 4, of which only Zen 4 runs the AVX512 level.
 bool cpu_is_amd_family_19h() {
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return false;
-  const bool amd = ebx == 0x68747541 && edx == 0x69746e65 && ecx == 0x444d4163;  // "AuthenticAMD"
-  if (!amd || !__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return false;
+  if (cpu_vendor() != "AuthenticAMD" || !__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return false;
   const unsigned base = eax >> 8 & 0xf, extended = eax >> 20 & 0xff;
   return (base == 0xf ? base + extended : base) == 0x19;
 }
 }  // namespace
+
+bool cpu_is_intel() { return cpu_vendor() == "GenuineIntel"; }
 
 // The reciprocal was measured faster than the divider on Zen 5 (float16 div at 64K elements: 1.01
 // -> 0.91-0.95 of torch's time). On Zen 4 the divider wins: the reciprocal's special-value check and

@@ -12,7 +12,6 @@
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
-#include <cpuid.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -786,12 +785,6 @@ inline int64_t cache_bytes(const char* path, int64_t fallback) {
   return fallback;
 }
 
-inline bool is_intel() {
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return false;
-  return ebx == 0x756e6547 && edx == 0x49656e69 && ecx == 0x6c65746e;  // "GenuineIntel"
-}
-
 inline const CacheSizes& cache_sizes() {
   static const CacheSizes sizes = [] {
     CacheSizes s;
@@ -799,7 +792,7 @@ inline const CacheSizes& cache_sizes() {
     s.private_bytes = cache_bytes("/sys/devices/system/cpu/cpu0/cache/index2/size", int64_t(2) << 20);
     s.last_level_bytes = cache_bytes("/sys/devices/system/cpu/cpu0/cache/index3/size",
                                      l3 > 0 ? static_cast<int64_t>(l3) : s.private_bytes);
-    s.last_level_is_slow = is_intel();
+    s.last_level_is_slow = cpu_is_intel();
     return s;
   }();
   return sizes;

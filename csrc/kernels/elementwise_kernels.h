@@ -22,6 +22,9 @@ struct BinaryKernels {
   BinaryKernel streaming_triad;
 };
 
+// Whether the CPU is Intel's (cpu_capability.cpp): its mesh L3 serves a core no faster than memory.
+bool cpu_is_intel();
+
 // Whether float16 div at the AVX512 level takes a reciprocal estimate and one correction rather
 // than the divider (same bits either way). Chosen once per process (cpu_capability.cpp).
 bool float16_division_by_reciprocal();
