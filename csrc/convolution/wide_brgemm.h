@@ -118,33 +118,46 @@ void fill_channel(const Problem& p, const Grid& g, int64_t c, const scalar_t* x,
     }
   });
   // X_c: position (ih + ph) * Wp + (iw + pw), the images innermost; one slack position past the
-  // planes' end for the odd pairing's last pair.
+  // planes' end for the odd pairing's last pair. A task fills a part of the rows, 16 images at a
+  // time over all of them: the tiles then read 16 of x's planes at a time, not all N (as in
+  // stage_rows, patch_brgemm.h).
   scalar_t* const xs = buf.x;
-  at::parallel_for(0, g.Hp, 1, [&](int64_t first, int64_t last) {
-    for (int64_t r = first; r < last; ++r) {
-      const int64_t begin = r * g.Wp, end = r + 1 == g.Hp ? g.plane + 1 : (r + 1) * g.Wp;
-      const int64_t ih = r - p.padding[0];
-      if (ih < 0 || ih >= p.H) {
-        zero(xs + begin * N, (end - begin) * N);
-        continue;
-      }
-      const int64_t s_lo = begin + p.padding[1], s_hi = s_lo + p.W;
-      zero(xs + begin * N, (s_lo - begin) * N);
-      zero(xs + s_hi * N, (end - s_hi) * N);
-      // Tiles of 16 columns: each image's run is read contiguously, the 16 destination rows stay
-      // in L1 across the images.
-      for (int64_t iw0 = 0; iw0 < p.W; iw0 += 16) {
-        const int64_t count = std::min<int64_t>(16, p.W - iw0);
-        scalar_t* dst = xs + (s_lo + iw0) * N;
-        int64_t b = 0;
-#if defined(CPU_CAPABILITY_AVX512)
-        if (count == 16 && xl.w == 1) {
-          for (; b + 16 <= N; b += 16) transpose_tile(x + b * xl.n + c * xl.c + ih * xl.h + iw0, xl.n, dst + b, N);
+  auto row_begin = [&](int64_t r) { return r * g.Wp; };
+  auto row_end = [&](int64_t r) { return r + 1 == g.Hp ? g.plane + 1 : (r + 1) * g.Wp; };
+  const int64_t parts = std::min(g.Hp, 2 * int64_t(at::get_num_threads())), part_rows = (g.Hp + parts - 1) / parts;
+  at::parallel_for(0, parts, 1, [&](int64_t first, int64_t last) {
+    for (int64_t part = first; part < last; ++part) {
+      const int64_t r0 = part * part_rows, r1 = std::min(g.Hp, r0 + part_rows);
+      auto holds_x = [&](int64_t r) { return r - p.padding[0] >= 0 && r - p.padding[0] < p.H; };
+      auto source = [&](int64_t r, int64_t b, int64_t iw) { return x + b * xl.n + c * xl.c + (r - p.padding[0]) * xl.h + iw * xl.w; };
+      auto dest = [&](int64_t r, int64_t iw) { return xs + (row_begin(r) + p.padding[1] + iw) * N; };
+      for (int64_t r = r0; r < r1; ++r) {
+        if (!holds_x(r)) {
+          zero(xs + row_begin(r) * N, (row_end(r) - row_begin(r)) * N);
+          continue;
         }
+        const int64_t s_lo = row_begin(r) + p.padding[1], s_hi = s_lo + p.W;
+        zero(xs + row_begin(r) * N, (s_lo - row_begin(r)) * N);
+        zero(xs + s_hi * N, (row_end(r) - s_hi) * N);
+      }
+      int64_t tiled = 0;  // images staged by tiles
+#if defined(CPU_CAPABILITY_AVX512)
+      if (xl.w == 1 && p.W >= 16) {
+        tiled = N / 16 * 16;
+        // A row's last columns by one more tile ending at its end, overlapping the one before it.
+        for (int64_t b = 0; b < tiled; b += 16) {
+          for (int64_t r = r0; r < r1; ++r) {
+            for (int64_t iw0 = 0; holds_x(r) && iw0 < p.W; iw0 += 16) {
+              const int64_t at = std::min(iw0, p.W - 16);
+              transpose_tile(source(r, b, at), xl.n, dest(r, at) + b, N);
+            }
+          }
+        }
+      }
 #endif
-        for (; b < N; ++b) {
-          const scalar_t* src = x + b * xl.n + c * xl.c + ih * xl.h + iw0 * xl.w;
-          for (int64_t j = 0; j < count; ++j) dst[j * N + b] = src[j * xl.w];
+      for (int64_t r = r0; r < r1 && tiled < N; ++r) {
+        for (int64_t b = tiled; holds_x(r) && b < N; ++b) {
+          for (int64_t iw = 0; iw < p.W; ++iw) dest(r, iw)[b] = source(r, b, iw)[0];
         }
       }
     }
