@@ -44,6 +44,9 @@ CASES = [
     ("conv2d", 1, 24, 40, 1, (3, 3), (12, 11), {"padding": 2, "dilation": 2}, False),  # copied, tap by tap
     ("conv2d", 2, 64, 64, 4, (3, 3), (10, 9), {"padding": 1, "groups": 4}, True),  # 16 channels per group
     ("conv2d", 2, 17, 20, 1, (3, 2), (9, 8), {"padding": (1, 0)}, True),  # odd channels: the pad channel
+    # Staged by two 16-channel tiles, then channel 32 alone (and bfloat16's pad channel); 18 columns: a row's
+    # last tile overlaps the one before it.
+    ("conv2d", 2, 33, 24, 1, (3, 3), (5, 18), {"padding": 1}, True),
     ("conv2d", 1, 300, 24, 1, (3, 3), (6, 7), {"padding": 1}, True),  # float32: runs of 900 terms, chunked
     ("conv2d", 1, 20, 40, 1, (3, 3), (13, 21), {"padding": 1}, True),  # 48-channel C: blocks of 80 positions
     ("conv2d", 1, 32, 130, 1, (5, 5), (11, 10), {"stride": (2, 1), "padding": 2}, True),  # 3 channel blocks

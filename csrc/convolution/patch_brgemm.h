@@ -306,8 +306,9 @@ void stage_row_channels(const Problem& p, const PatchStaging& st, const scalar_t
     return;
   }
 #endif
+  const int64_t untiled = 16 * staged_tile_blocks(p, st, xl);
   for (int64_t j = lo; j < hi; ++j) {
-    for (int64_t c = 16 * staged_tile_blocks(p, st, xl); c < Cin_g; ++c) row[j * st.Cp + c] = src[c * xl.c + j * xl.w];
+    for (int64_t c = untiled; c < Cin_g; ++c) row[j * st.Cp + c] = src[c * xl.c + j * xl.w];
   }
 }
 

@@ -98,6 +98,50 @@ inline void pair_rows(const at::BFloat16* rows, int64_t n, int64_t first, int64_
 #endif
 
 
+// Rows [r0, r1) of X_c (see fill_channel), 16 images at a time over all the rows: the tiles then
+// read 16 of x's planes at a time, not all N (as in stage_rows, patch_brgemm.h).
+template <typename scalar_t>
+void fill_image_rows(const Problem& p, const Grid& g, int64_t c, const scalar_t* x, const Layout& xl, int64_t r0,
+                     int64_t r1, scalar_t* xs) {
+  const int64_t N = p.N;
+  auto row_begin = [&](int64_t r) { return r * g.Wp; };
+  auto row_end = [&](int64_t r) { return r + 1 == g.Hp ? g.plane + 1 : (r + 1) * g.Wp; };
+  auto holds_x = [&](int64_t r) { return r - p.padding[0] >= 0 && r - p.padding[0] < p.H; };
+  auto source = [&](int64_t r, int64_t b, int64_t iw) {
+    return x + b * xl.n + c * xl.c + (r - p.padding[0]) * xl.h + iw * xl.w;
+  };
+  auto dest = [&](int64_t r, int64_t iw) { return xs + (row_begin(r) + p.padding[1] + iw) * N; };
+  for (int64_t r = r0; r < r1; ++r) {
+    if (!holds_x(r)) {
+      zero(xs + row_begin(r) * N, (row_end(r) - row_begin(r)) * N);
+      continue;
+    }
+    const int64_t s_lo = row_begin(r) + p.padding[1], s_hi = s_lo + p.W;
+    zero(xs + row_begin(r) * N, (s_lo - row_begin(r)) * N);
+    zero(xs + s_hi * N, (row_end(r) - s_hi) * N);
+  }
+  int64_t tiled = 0;  // images staged by tiles
+#if defined(CPU_CAPABILITY_AVX512)
+  if (xl.w == 1 && p.W >= 16) {
+    tiled = N / 16 * 16;
+    // A row's last columns by one more tile ending at its end, overlapping the one before it.
+    for (int64_t b = 0; b < tiled; b += 16) {
+      for (int64_t r = r0; r < r1; ++r) {
+        for (int64_t iw0 = 0; holds_x(r) && iw0 < p.W; iw0 += 16) {
+          const int64_t at = std::min(iw0, p.W - 16);
+          transpose_tile(source(r, b, at), xl.n, dest(r, at) + b, N);
+        }
+      }
+    }
+  }
+#endif
+  for (int64_t r = r0; r < r1 && tiled < N; ++r) {
+    for (int64_t b = tiled; holds_x(r) && b < N; ++b) {
+      for (int64_t iw = 0; iw < p.W; ++iw) dest(r, iw)[b] = source(r, b, iw)[0];
+    }
+  }
+}
+
 template <typename scalar_t>
 void fill_channel(const Problem& p, const Grid& g, int64_t c, const scalar_t* x, const Layout& xl, const scalar_t* w,
                   const int64_t* ws, ChannelBuffers<scalar_t>& buf) {
@@ -118,48 +162,12 @@ void fill_channel(const Problem& p, const Grid& g, int64_t c, const scalar_t* x,
     }
   });
   // X_c: position (ih + ph) * Wp + (iw + pw), the images innermost; one slack position past the
-  // planes' end for the odd pairing's last pair. A task fills a part of the rows, 16 images at a
-  // time over all of them: the tiles then read 16 of x's planes at a time, not all N (as in
-  // stage_rows, patch_brgemm.h).
+  // planes' end for the odd pairing's last pair. A task fills a part of the rows.
   scalar_t* const xs = buf.x;
-  auto row_begin = [&](int64_t r) { return r * g.Wp; };
-  auto row_end = [&](int64_t r) { return r + 1 == g.Hp ? g.plane + 1 : (r + 1) * g.Wp; };
   const int64_t parts = std::min(g.Hp, 2 * int64_t(at::get_num_threads())), part_rows = (g.Hp + parts - 1) / parts;
   at::parallel_for(0, parts, 1, [&](int64_t first, int64_t last) {
     for (int64_t part = first; part < last; ++part) {
-      const int64_t r0 = part * part_rows, r1 = std::min(g.Hp, r0 + part_rows);
-      auto holds_x = [&](int64_t r) { return r - p.padding[0] >= 0 && r - p.padding[0] < p.H; };
-      auto source = [&](int64_t r, int64_t b, int64_t iw) { return x + b * xl.n + c * xl.c + (r - p.padding[0]) * xl.h + iw * xl.w; };
-      auto dest = [&](int64_t r, int64_t iw) { return xs + (row_begin(r) + p.padding[1] + iw) * N; };
-      for (int64_t r = r0; r < r1; ++r) {
-        if (!holds_x(r)) {
-          zero(xs + row_begin(r) * N, (row_end(r) - row_begin(r)) * N);
-          continue;
-        }
-        const int64_t s_lo = row_begin(r) + p.padding[1], s_hi = s_lo + p.W;
-        zero(xs + row_begin(r) * N, (s_lo - row_begin(r)) * N);
-        zero(xs + s_hi * N, (row_end(r) - s_hi) * N);
-      }
-      int64_t tiled = 0;  // images staged by tiles
-#if defined(CPU_CAPABILITY_AVX512)
-      if (xl.w == 1 && p.W >= 16) {
-        tiled = N / 16 * 16;
-        // A row's last columns by one more tile ending at its end, overlapping the one before it.
-        for (int64_t b = 0; b < tiled; b += 16) {
-          for (int64_t r = r0; r < r1; ++r) {
-            for (int64_t iw0 = 0; holds_x(r) && iw0 < p.W; iw0 += 16) {
-              const int64_t at = std::min(iw0, p.W - 16);
-              transpose_tile(source(r, b, at), xl.n, dest(r, at) + b, N);
-            }
-          }
-        }
-      }
-#endif
-      for (int64_t r = r0; r < r1 && tiled < N; ++r) {
-        for (int64_t b = tiled; holds_x(r) && b < N; ++b) {
-          for (int64_t iw = 0; iw < p.W; ++iw) dest(r, iw)[b] = source(r, b, iw)[0];
-        }
-      }
+      fill_image_rows(p, g, c, x, xl, part * part_rows, std::min(g.Hp, (part + 1) * part_rows), xs);
     }
   });
   if constexpr (kPaired<scalar_t>) {
