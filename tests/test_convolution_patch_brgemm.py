@@ -47,6 +47,7 @@ CASES = [
     # Staged by two 16-channel tiles, then channel 32 alone (and bfloat16's pad channel); 18 columns: a row's
     # last tile overlaps the one before it.
     ("conv2d", 2, 33, 24, 1, (3, 3), (5, 18), {"padding": 1}, True),
+    ("conv2d", 1, 64, 32, 2, (3, 3), (6, 17), {"padding": 1, "groups": 2}, False),  # each group's two tile blocks
     ("conv2d", 1, 300, 24, 1, (3, 3), (6, 7), {"padding": 1}, True),  # float32: runs of 900 terms, chunked
     ("conv2d", 1, 20, 40, 1, (3, 3), (13, 21), {"padding": 1}, True),  # 48-channel C: blocks of 80 positions
     ("conv2d", 1, 32, 130, 1, (5, 5), (11, 10), {"stride": (2, 1), "padding": 2}, True),  # 3 channel blocks
