@@ -244,20 +244,24 @@ inline void copy_bytes(const char* src, char* dst, int64_t n) {
 #endif
 }
 
-// The zeros of staged row i of image n's group g: the whole row where it lies in the padding,
-// else its padding columns and the pad channel. Returns whether the row holds x's elements.
+// Whether staged row i holds x's elements (else it lies in the padding).
+inline bool row_holds_x(const Problem& p, const PatchStaging& st, int64_t i) {
+  return i + st.min_h >= 0 && i + st.min_h < p.H;
+}
+
+// The zeros of staged row i: the whole row where it lies in the padding, else its padding columns
+// and the pad channel.
 template <typename scalar_t>
-bool zero_row_padding(const Problem& p, const PatchStaging& st, int64_t i, scalar_t* row) {
-  const int64_t Cin_g = p.Cin / p.groups, ih = i + st.min_h, columns = st.row_columns(i);
-  if (ih < 0 || ih >= p.H) {
+void zero_row_padding(const Problem& p, const PatchStaging& st, int64_t i, scalar_t* row) {
+  const int64_t Cin_g = p.Cin / p.groups, columns = st.row_columns(i);
+  if (!row_holds_x(p, st, i)) {
     std::memset(static_cast<void*>(row), 0, columns * st.Cp * sizeof(scalar_t));
-    return false;
+    return;
   }
   const int64_t lo = st.x_lo, hi = st.x_hi;
   std::memset(static_cast<void*>(row), 0, lo * st.Cp * sizeof(scalar_t));
   std::memset(static_cast<void*>(row + hi * st.Cp), 0, (columns - hi) * st.Cp * sizeof(scalar_t));
   for (int64_t j = lo; j < hi && st.Cp > Cin_g; ++j) row[j * st.Cp + Cin_g] = scalar_t(0.f);
-  return true;
 }
 
 // Channel blocks of an NCHW x that are staged by 16 x 16 tiles (see stage_rows); the channels
@@ -319,18 +323,17 @@ void stage_row_channels(const Problem& p, const PatchStaging& st, const scalar_t
 template <typename scalar_t>
 void stage_rows(const Problem& p, const PatchStaging& st, const scalar_t* x, const Layout& xl, int64_t n, int64_t g,
                 int64_t i0, int64_t i1, scalar_t* image) {
-  std::vector<char> holds_x(i1 - i0);
   auto row_at = [&](int64_t i) { return image + i * st.pitch * st.Cp; };
-  for (int64_t i = i0; i < i1; ++i) holds_x[i - i0] = zero_row_padding(p, st, i, row_at(i));
+  for (int64_t i = i0; i < i1; ++i) zero_row_padding(p, st, i, row_at(i));
   const int64_t blocks = staged_tile_blocks(p, st, xl);
   for (int64_t block = 0; block < blocks; ++block) {
     for (int64_t i = i0; i < i1; ++i) {
-      if (holds_x[i - i0]) stage_row_channels(p, st, x, xl, n, g, i, block, row_at(i));
+      if (row_holds_x(p, st, i)) stage_row_channels(p, st, x, xl, n, g, i, block, row_at(i));
     }
   }
   if (blocks * 16 == p.Cin / p.groups) return;
   for (int64_t i = i0; i < i1; ++i) {
-    if (holds_x[i - i0]) stage_row_channels(p, st, x, xl, n, g, i, -1, row_at(i));
+    if (row_holds_x(p, st, i)) stage_row_channels(p, st, x, xl, n, g, i, -1, row_at(i));
   }
 }
 
