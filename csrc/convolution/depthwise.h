@@ -838,6 +838,60 @@ void widen_nhwc_plane(const scalar_t* image, const Layout& xl, const Problem& p,
   }
 }
 
+// The weights as [tap][channel] and the biases, in the accumulator type, zero past the channels.
+template <typename scalar_t, typename acc_t = acc_type<scalar_t>>
+std::pair<std::vector<acc_t>, std::vector<acc_t>> nhwc_weights(const Problem& p, const NhwcPlan& plan,
+                                                               const scalar_t* weight, const int64_t* ws,
+                                                               const scalar_t* bias) {
+  const int64_t Cpad = plan.blocks * plan.CB, n_taps = p.Kh * p.Kw;
+  std::vector<acc_t> weights(n_taps * Cpad, acc_t(0)), biases(Cpad, acc_t(0));
+  for (int64_t c = 0; c < p.Cin; ++c) {
+    for (int64_t t = 0; t < n_taps; ++t) {
+      weights[t * Cpad + c] = static_cast<acc_t>(weight[c * ws[0] + (t / p.Kw) * ws[2] + (t % p.Kw) * ws[3]]);
+    }
+    if (bias) biases[c] = static_cast<acc_t>(bias[c]);
+  }
+  return {std::move(weights), std::move(biases)};
+}
+
+// What the pixels of one output row read for one channel vector: the ring line of each kernel row,
+// the vector's weights (one per tap) and bias, and where the vector's plane starts in a line.
+template <typename acc_t>
+struct NhwcRowVector {
+  const acc_t* const* rows;
+  const Vectorized<acc_t>* w;
+  Vectorized<acc_t> bias;
+  int64_t plane, Kw, n_taps, S, D;
+};
+
+// The sums of kPixels adjacent output pixels from column ow (see convolve_depthwise_nhwc). Always
+// inlined: called out of line, the sums went through memory.
+template <typename acc_t, int kPixels, int kKh, int kKw, int kStride, bool kSliding>
+__attribute__((always_inline)) inline void nhwc_pixel_sums(const NhwcRowVector<acc_t>& r, int64_t ow,
+                                                           Vectorized<acc_t> (&sums)[kPixels]) {
+  constexpr int64_t V = Vectorized<acc_t>::size();
+  const acc_t* base[kKh > 0 ? kKh : 1];
+  const acc_t* const* const from = kKh > 0 ? base : r.rows;
+  if constexpr (kKh > 0) {
+    for (int kh = 0; kh < kKh; ++kh) base[kh] = r.rows[kh] + r.plane + ow * r.S * V;
+  }
+  const int64_t shift = kKh > 0 ? 0 : r.plane + ow * r.S * V;
+  if constexpr (kSliding) {
+    sliding_sums<acc_t, kPixels, kKh, kKw, kStride>(base, r.w, r.bias, sums);
+  } else {
+    const auto tap_run = [&](int64_t t, int i) { return from[t / r.Kw] + shift + (i * r.S + t % r.Kw * r.D) * V; };
+    chain_sums<acc_t, kPixels, kKh * kKw>(tap_run, r.w, r.n_taps, r.bias, sums);
+  }
+}
+
+// A float16 or bfloat16 output row's sums (result: [column][channel block]) rounded into the output.
+template <typename scalar_t, typename acc_t>
+void narrow_nhwc_row(const acc_t* result, scalar_t* out_row, const Layout& ol, int64_t CB, int64_t count, int64_t Wo) {
+  // The block is all the channels: one run.
+  if (count == CB && ol.w == CB) return narrow<scalar_t>(result, out_row, Wo * CB);
+  for (int64_t ow = 0; ow < Wo; ++ow) narrow<scalar_t>(result + ow * CB, out_row + ow * ol.w, count);
+}
+
 // kKh x kKw taps at column stride kStride and column dilation 1, fixed at compile time; kKh == 0: the
 // geometry read from p.
 template <typename scalar_t, int kKh, int kKw, int kStride>
@@ -846,7 +900,6 @@ void convolve_depthwise_nhwc(const Problem& p, const scalar_t* x, const Layout& 
   using acc_t = acc_type<scalar_t>;
   using Vec = Vectorized<acc_t>;
   constexpr int64_t V = Vec::size();
-  constexpr int kTaps = kKh * kKw;
   // Each kernel row's columns held in registers (sliding_sums) at column stride 1, and for a 3x3 at
   // stride 2 where 32 vector registers hold its 17 columns: 4x128x56x56 at stride 2 took 0.26-0.29
   // -> 0.26-0.27 ms in float32 at 1 thread on a Zen 4 (0.16 -> 0.15 at 2), float64 0.88-0.95 ->
@@ -856,17 +909,8 @@ void convolve_depthwise_nhwc(const Problem& p, const scalar_t* x, const Layout& 
   const int64_t S = kStride ? kStride : p.stride[1], D = kKh ? 1 : p.dilation[1];
   const NhwcPlan plan = plan_depthwise_nhwc<acc_t>(p);
   path_counts().depthwise_channels_last_calls += 1;
-  // Weights as [tap][channel] and the bias, in the accumulator type, zero past the channels.
-  const int64_t Cpad = plan.blocks * plan.CB;
-  std::vector<acc_t> weights(n_taps * Cpad, acc_t(0)), biases(Cpad, acc_t(0));
-  for (int64_t c = 0; c < p.Cin; ++c) {
-    for (int64_t t = 0; t < n_taps; ++t) {
-      weights[t * Cpad + c] = static_cast<acc_t>(weight[c * ws[0] + (t / Kw) * ws[2] + (t % Kw) * ws[3]]);
-    }
-    if (bias) biases[c] = static_cast<acc_t>(bias[c]);
-  }
-  const int64_t sh = p.stride[0], dh = p.dilation[0], vector_len = plan.columns * V;
-  const int64_t reach = (Kh - 1) * dh;
+  const auto [weights, biases] = nhwc_weights<scalar_t>(p, plan, weight, ws, bias);
+  const int64_t Cpad = plan.blocks * plan.CB, sh = p.stride[0], dh = p.dilation[0], reach = (Kh - 1) * dh;
   at::parallel_for(0, plan.tasks, 1, [&](int64_t first, int64_t last) {
     const auto ring = scratch<acc_t>(plan.ring * plan.len);  // every plane read is widened first
     std::vector<acc_t> result(is_half<scalar_t> ? p.Wo * plan.CB : 0);
@@ -903,24 +947,13 @@ void convolve_depthwise_nhwc(const Problem& p, const scalar_t* x, const Layout& 
         for (int64_t v = 0; v < plan.vectors; ++v) {
           const int64_t lanes = std::min(V, count - v * V);
           if (lanes <= 0) break;
-          // kPixels pixels from ow: their sums, stored (a half row into `result`, rounded below).
+          const NhwcRowVector<acc_t> row_vector{rows.data(), &w[v * n_taps], Vec::loadu(&biases[c0 + v * V]),
+                                                v * plan.columns * V, Kw, n_taps, S, D};
+          // kPixels pixels from ow, stored (a half row into `result`, rounded below).
           const auto pixels = [&](auto fixed, int64_t ow) {
             constexpr int kPixels = decltype(fixed)::value;
-            const Vec* const wp = &w[v * n_taps];
-            const acc_t* base[kKh > 0 ? kKh : 1];
-            const acc_t* const* const from = kKh > 0 ? base : rows.data();
-            if constexpr (kKh > 0) {
-              for (int kh = 0; kh < kKh; ++kh) base[kh] = rows[kh] + v * vector_len + ow * S * V;
-            }
-            const int64_t shift = kKh > 0 ? 0 : v * vector_len + ow * S * V;
-            const Vec b = Vec::loadu(&biases[c0 + v * V]);
             Vec sums[kPixels];
-            if constexpr (kSliding) {
-              sliding_sums<acc_t, kPixels, kKh, kKw, kStride>(base, wp, b, sums);
-            } else {
-              const auto tap_run = [&](int64_t t, int i) { return from[t / Kw] + shift + (i * S + t % Kw * D) * V; };
-              chain_sums<acc_t, kPixels, kTaps>(tap_run, wp, n_taps, b, sums);
-            }
+            nhwc_pixel_sums<acc_t, kPixels, kKh, kKw, kStride, kSliding>(row_vector, ow, sums);
             for (int i = 0; i < kPixels; ++i) {
               if constexpr (is_half<scalar_t>) {
                 sums[i].store(&result[(ow + i) * plan.CB + v * V]);
@@ -936,13 +969,7 @@ void convolve_depthwise_nhwc(const Problem& p, const scalar_t* x, const Layout& 
           with_count<kPixelChains - 1>(p.Wo - ow, [&](auto fixed) { pixels(fixed, ow); });
           widen_rows(next_from, next_to, v);
         }
-        if constexpr (is_half<scalar_t>) {
-          if (count == plan.CB && ol.w == plan.CB) {  // the block is all the channels: one run
-            narrow<scalar_t>(result.data(), out_row, p.Wo * plan.CB);
-          } else {
-            for (int64_t ow = 0; ow < p.Wo; ++ow) narrow<scalar_t>(&result[ow * plan.CB], out_row + ow * ol.w, count);
-          }
-        }
+        if constexpr (is_half<scalar_t>) narrow_nhwc_row(result.data(), out_row, ol, plan.CB, count, p.Wo);
       }
     }
   });
