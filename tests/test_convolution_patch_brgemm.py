@@ -76,6 +76,23 @@ def test_values_within_the_contract(case, dtype, x_format):
     check_case(case, dtype, x_format, patch_images, seed=case[2] * case[3] + 1)
 
 
+def test_an_odd_copied_bfloat16_patch_ends_with_a_zero_term():
+    """Copied patches are staged without bfloat16's pad channel, so a 3-channel 7x7 patch is 147 terms
+    and the unit's pairs need one zero term at its end. Copying a run spills the staged elements after
+    it: here an infinity one column past some patches' last run. It must reach only the outputs whose
+    patches hold it (the spill left in the zero term's place made the others NaN)."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(1, 3, 20, 21, generator=g).bfloat16()
+    w = torch.randn(16, 3, 7, 7, generator=g).bfloat16()
+    x[0, 0, 9, 12] = float("inf")
+    before = patch_images()
+    ours = fuel_torch.conv2d(x, w, stride=2, padding=3)
+    assert patch_images() - before == (1 if brgemm_serves(torch.bfloat16) else 0)
+    exact = torch.nn.functional.conv2d(x.double(), w.double(), stride=2, padding=3)
+    assert torch.equal(ours.isfinite(), exact.isfinite())
+    assert not exact.isfinite().all() and exact.isfinite().any()
+
+
 # Fewer than 16 output channels per group: bfloat16 on the tile unit takes the path; float32 and
 # bfloat16 on AVX512_BF16 dot products (1.7x slower than the chassis on a 3-channel stem transpose
 # on a Zen 5) take the chassis.
