@@ -6,24 +6,24 @@
 // few channels (a 3-channel stem, 16-channel groups) or the taps are spread (dilation), each of
 // those brgemms does little but move C. Here the input is staged once, zero-padded, with each
 // group's channels innermost, [n][g][row][column][channel] (bfloat16 read in place: channels
-// rounded up to a pair, the pad channel zero). A position's patch is then a few contiguous runs of one staged
-// image: taps adjacent along a row (dilation 1, or a transposed conv's phase) are one run. Where
-// every tap steps by 1 (a stride-1 conv2d, every transposed conv's phase), A = [positions][K] is the
-// staged rows themselves, lda = the channels, one brgemm per run; elsewhere a task copies the
-// patches of kPatchRows positions of one phase into A, K = taps x channels, one brgemm for all.
-// B is the weight packed once per call as [K][Cout_g] (bfloat16: VNNI pairs along K), taken in
-// blocks of output channels. C = [positions][output channels] starts at the bias and is turned
-// round to an NCHW output by 16 x 16 register transposes.
+// rounded up to a pair, the pad channel zero). A position's patch is then a few contiguous runs of
+// one staged image: taps adjacent along a row (dilation 1, or a transposed conv's phase) are one
+// run. Where every tap steps by 1 (a stride-1 conv2d, every transposed conv's phase), A =
+// [positions][K] is the staged rows themselves, lda = the channels, one brgemm per run; elsewhere a
+// task copies the patches of kPatchRows positions of one phase into A, K = taps x channels, one
+// brgemm for all. B is the weight packed once per call as [K][Cout_g] (bfloat16: VNNI pairs along
+// K), taken in blocks of output channels. C = [positions][output channels] starts at the bias and
+// is turned round to an NCHW output by 16 x 16 register transposes.
 //
 // Summation order, fixed by the geometry alone: each output starts at its bias, then K in the order
 // (tap row, tap column, channel) over the taps that reach its phase, each axis's taps sorted by
 // input offset. bfloat16: the unit (tiles or dot products) adds the exact products of its chunks of
 // 32 pairs of consecutive K terms in float32, to nearest even (a copied patch of an odd channel
-// count pairs across taps, and an odd K ends with one zero term); the exponent rule of tap_brgemm.h keeps every operand and partial sum
-// normal, checked image by image (an image that fails is left to the caller). float32: chunks of
-// at most kPatchChunk terms (a copied patch's K, or an in-place run, cut every kPatchChunk terms),
-// each summed by oneDNN's kernel from zero (one fused multiply-add chain per output, in K order)
-// and added in turn to C.
+// count pairs across taps, and an odd K ends with one zero term); the exponent rule of tap_brgemm.h
+// keeps every operand and partial sum normal, checked image by image (an image that fails is left
+// to the caller). float32: chunks of at most kPatchChunk terms (a copied patch's K, or an in-place
+// run, cut every kPatchChunk terms), each summed by oneDNN's kernel from zero (one fused
+// multiply-add chain per output, in K order) and added in turn to C.
 #pragma once
 
 #include <ATen/native/CPUBlas.h>
@@ -86,7 +86,7 @@ constexpr double kStagingBudget = double(int64_t(256) << 20);
 // (pitch = Ws - shared). In place, every staged row is a grid row of computed positions, so each
 // shared column is one position fewer computed and dropped (a 3x3 over 28 columns: 29 for 30).
 struct PatchStaging {
-  int64_t Cp = 0;                // channels per position: Cin_g, bfloat16 rounded up to a pair
+  int64_t Cp = 0;                // channels per position: Cin_g (bfloat16 in place: rounded up to a pair)
   int64_t min_h = 0, min_w = 0;  // the input row and column of staged row and column 0
   int64_t Hs = 0, Ws = 0, pitch = 0, image_group = 0;
   int64_t x_lo = 0, x_hi = 0;    // the staged columns that hold x's, [x_lo, x_hi): zeros around them
