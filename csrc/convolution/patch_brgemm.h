@@ -176,11 +176,14 @@ inline std::vector<PatchPhase> patch_phases(const Axis& ax_h, const Axis& ax_w, 
   return phases;
 }
 
-// Stride-1 geometry (a stride-1 conv2d, every transposed conv's phases) with each axis's taps
-// adjacent: A is the staged image itself, one brgemm per tap row.
-inline bool patch_in_place(const Axis& ax_h, const Axis& ax_w, const std::vector<PatchPhase>& phases) {
+// Stride-1 geometry (a stride-1 conv2d, every transposed conv's phases) with each column phase's
+// taps adjacent (each tap row one run): A is the staged image itself, one brgemm per tap row.
+inline bool patch_in_place(const Axis& ax_h, const Axis& ax_w) {
   bool in_place = ax_h.in_step == 1 && ax_w.in_step == 1;
-  for (const PatchPhase& pp : phases) in_place = in_place && pp.runs.size() == pp.taps_h.size();
+  for (const Phase& pw : ax_w.phases) {
+    const std::vector<Tap> taps = by_offset(pw.taps);
+    for (size_t b = 1; b < taps.size(); ++b) in_place = in_place && taps[b].offset == taps[b - 1].offset + 1;
+  }
   return in_place;
 }
 
@@ -212,18 +215,14 @@ std::optional<PatchPlan> patch_plan(const Problem& p, const Axis& ax_h, const Ax
   const bool on_tiles = paired && bfloat16_brgemm_unit() == Bf16Unit::tiles;
   if (!on_tiles && p.Cout / p.groups < 16) return std::nullopt;
   PatchPlan plan;
-  if (!brgemm_dtype_enabled<scalar_t>() || !patch_staging<scalar_t>(p, ax_h, ax_w, paired, plan.st)) {
-    return std::nullopt;
-  }
-  plan.phases = patch_phases(ax_h, ax_w, plan.st, paired);
-  plan.in_place = patch_in_place(ax_h, ax_w, plan.phases);
+  plan.in_place = patch_in_place(ax_h, ax_w);
   // Copied patches need no pad channel: a patch's terms pair across taps, and only an odd K gets a
   // zero term. With it, a 3-channel 7x7 stem's patches were 196 terms for 147, and its bfloat16
   // conv took 0.90 ms for 0.72 (2x3x112x112, 1 thread, Zen 4).
-  if (paired && !plan.in_place && plan.st.Cp != p.Cin / p.groups) {
-    patch_staging<scalar_t>(p, ax_h, ax_w, false, plan.st);  // fewer bytes than the paired staging: within budget
-    plan.phases = patch_phases(ax_h, ax_w, plan.st, true);
+  if (!brgemm_dtype_enabled<scalar_t>() || !patch_staging<scalar_t>(p, ax_h, ax_w, paired && plan.in_place, plan.st)) {
+    return std::nullopt;
   }
+  plan.phases = patch_phases(ax_h, ax_w, plan.st, paired);
   for (const PatchPhase& pp : plan.phases) plan.max_K = std::max(plan.max_K, pp.K);
   // Copied patches keep a task's A within what a task may hold in L2 (a 3x3 kernel over 128
   // float32 channels, 256 bfloat16 ones); past that, tap_brgemm.h reads the planes in place.
