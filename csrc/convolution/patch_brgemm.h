@@ -484,9 +484,13 @@ void store_patch_block(const float* c, float* turned, const PatchBlock& blk, int
     return std::pair<int64_t, scalar_t*>{jw, out_nc + (ph.r + ax_h.out_step * jh) * ol.h + (pw.r + ax_w.out_step * jw) * ol.w};
   };
   if (ol.c == 1) {
-    for (int64_t m = 0; m < rows; ++m) {
+    // A grid row's positions at a time: a division per position took two fifths of this store
+    // (channels_last bfloat16 grouped 4x64x28x28 on a Zen 4).
+    for (int64_t m = 0; m < rows;) {
       const auto [jw, dst] = output_at(m);
-      if (jw < pw.count) narrow<scalar_t>(c + m * blk.ldc, dst, cols);
+      const int64_t span = std::min(rows - m, pitch - jw), count = std::max<int64_t>(0, std::min(span, pw.count - jw));
+      for (int64_t s = 0; s < count; ++s) narrow<scalar_t>(c + (m + s) * blk.ldc, dst + s * ax_w.out_step * ol.w, cols);
+      m += span;
     }
     return;
   }
@@ -595,8 +599,8 @@ inline void copy_run_over(const char* src, char* dst, int64_t n) {
 template <typename scalar_t>
 void copy_patches(const PatchPhase& pp, const PatchStaging& st, const Axis& ax_h, const Axis& ax_w, int64_t count_w,
                   const scalar_t* image, int64_t m0, int64_t rows, scalar_t* a) {
+  int64_t jh = m0 / count_w, jw = m0 % count_w;
   for (int64_t m = 0; m < rows; ++m) {
-    const int64_t jh = (m0 + m) / count_w, jw = (m0 + m) % count_w;
     const scalar_t* base = image + (ax_h.in_step * jh * st.pitch + ax_w.in_step * jw) * st.Cp;
     scalar_t* dst = a + m * pp.K;
     for (const PatchRun& run : pp.runs) {
@@ -605,6 +609,7 @@ void copy_patches(const PatchPhase& pp, const PatchStaging& st, const Axis& ax_h
       dst += run.length;
     }
     if (dst < a + (m + 1) * pp.K) *dst = scalar_t(0.f);  // the zero term of an odd bfloat16 patch
+    if (++jw == count_w) jw = 0, ++jh;  // walked: a division per position is as slow as a short patch's copy
   }
 }
 
