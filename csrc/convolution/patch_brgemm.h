@@ -609,7 +609,7 @@ void copy_patches(const PatchPhase& pp, const PatchStaging& st, const Axis& ax_h
       dst += run.length;
     }
     if (dst < a + (m + 1) * pp.K) *dst = scalar_t(0.f);  // the zero term of an odd bfloat16 patch
-    if (++jw == count_w) jw = 0, ++jh;  // walked: a division per position is as slow as a short patch's copy
+    if (++jw == count_w) jw = 0, ++jh;  // the next position walked to, not divided out (64-bit divisions are slow)
   }
 }
 
