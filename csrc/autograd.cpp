@@ -108,6 +108,16 @@ Tensor dense(const Tensor& t) {
   return t.clone(at::MemoryFormat::Contiguous);
 }
 
+// The convolutions also take channels_last operands as they are, and a channels_last model's
+// gradients arrive so: copied into NCHW, two such copies took a ninth of a bfloat16 ResNet block's
+// training step.
+Tensor conv_dense(const Tensor& t) {
+  if (t.defined() && t.dim() == 4 && t.sym_storage_offset() == 0 && t.is_contiguous(at::MemoryFormat::ChannelsLast)) {
+    return t;
+  }
+  return dense(t);
+}
+
 // ---------------------------------------------------------------------------------------------------
 // .out overloads: no autograd, as torch's out= functions.
 
@@ -315,25 +325,50 @@ Tensor conv2d_weight_grad(const Tensor& x, const Tensor& grad_out, const c10::Sy
 
 // The bias gradient: g summed over images and positions. Halves are summed in float32 and rounded
 // once, as the forward's accumulator is. torch's sum widens a half tensor into a float copy first
-// (a third of a bfloat16 ResNet block's backward went there), so a contiguous one is summed here:
-// per channel, 16 float lanes over each image's run in order (lane = position mod 16), then the
-// lanes in order; threads split channels only. Tensor subclasses, fake and meta tensors (torch.compile's
-// tracing) take torch's sum.
+// (a third of a bfloat16 ResNet block's backward went there), so a contiguous one (NCHW or
+// channels_last) is summed here: per channel, 16 float lanes over each image's positions in order
+// (lane = position mod 16), then the lanes in order; threads split channels only. Tensor
+// subclasses, fake and meta tensors (torch.compile's tracing) take torch's sum.
+constexpr int64_t kBiasLanes = 16;
+
+// The same sums from a channels_last g, whose positions hold their channels side by side: a
+// thread keeps its channels' lanes as [lane][channel] and adds each position's channels into lane
+// (position mod 16), so each (channel, lane) takes the same terms in the same order, and the bits
+// do not depend on the layout.
+template <typename T>
+void sum_half_channels_last(const T* src, int64_t N, int64_t C, int64_t HW, int64_t first, int64_t last, float* dst) {
+  const int64_t width = last - first;
+  std::vector<float> lanes(kBiasLanes * width, 0.f);
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t p = 0; p < HW; ++p) {
+      const T* channels = src + (n * HW + p) * C + first;
+      float* lane = lanes.data() + p % kBiasLanes * width;
+      for (int64_t c = 0; c < width; ++c) lane[c] += static_cast<float>(channels[c]);
+    }
+  }
+  for (int64_t c = 0; c < width; ++c) {
+    float sum = 0.f;
+    for (int64_t l = 0; l < kBiasLanes; ++l) sum += lanes[l * width + c];
+    dst[first + c] = sum;
+  }
+}
+
 template <typename T>
 Tensor sum_half_channels(const Tensor& g) {
   const int64_t N = g.size(0), C = g.size(1), HW = g.size(2) * g.size(3);
   Tensor total = at::empty({C}, g.options().dtype(at::kFloat));
   const T* src = g.const_data_ptr<T>();
   float* dst = total.mutable_data_ptr<float>();
-  constexpr int64_t kLanes = 16;
-  at::parallel_for(0, C, 1, [&](int64_t first, int64_t last) {
+  const bool channels_last = !g.is_contiguous();
+  at::parallel_for(0, C, channels_last ? 16 : 1, [&](int64_t first, int64_t last) {
+    if (channels_last) return sum_half_channels_last(src, N, C, HW, first, last, dst);
     for (int64_t c = first; c < last; ++c) {
-      float lanes[kLanes] = {};
+      float lanes[kBiasLanes] = {};
       for (int64_t n = 0; n < N; ++n) {
         const T* run = src + (n * C + c) * HW;
         int64_t j = 0;
-        for (; j + kLanes <= HW; j += kLanes) {
-          for (int64_t l = 0; l < kLanes; ++l) lanes[l] += static_cast<float>(run[j + l]);
+        for (; j + kBiasLanes <= HW; j += kBiasLanes) {
+          for (int64_t l = 0; l < kBiasLanes; ++l) lanes[l] += static_cast<float>(run[j + l]);
         }
         for (int64_t l = 0; j + l < HW; ++l) lanes[l] += static_cast<float>(run[j + l]);
       }
@@ -348,8 +383,11 @@ Tensor sum_half_channels(const Tensor& g) {
 Tensor bias_grad(const Tensor& g) {
   const at::ScalarType dtype = g.scalar_type();
   const bool half = dtype == at::kBFloat16 || dtype == at::kHalf;
-  if (!half || at::isTensorSubclassLike(g) || !g.is_cpu() || !g.is_contiguous() || g.dim() != 4) {
-    return g.sum(at::IntArrayRef{0, 2, 3});
+  if (!half || at::isTensorSubclassLike(g) || !g.is_cpu() || g.dim() != 4 ||
+      !(g.is_contiguous() || g.is_contiguous(at::MemoryFormat::ChannelsLast))) {
+    // torch's sum orders its terms by the layout: summed from NCHW, a channels_last g gets the bits
+    // an NCHW one does.
+    return dense(g).sum(at::IntArrayRef{0, 2, 3});
   }
   return dtype == at::kBFloat16 ? sum_half_channels<at::BFloat16>(g) : sum_half_channels<at::Half>(g);
 }
@@ -376,7 +414,7 @@ struct ConvBackward : Node {
   }
 
   variable_list apply(variable_list&& grads) override {
-    const Tensor g = dense(grads[0]);
+    const Tensor g = conv_dense(grads[0]);
     variable_list result(3);  // x, weight, bias
     if (!g.defined()) return result;
     const Tensor input = x.unpack(), w = weight.unpack();

@@ -392,13 +392,91 @@ def test_conv_empty_batch_has_zero_weight_grad():
     assert torch.equal(weight.grad, torch.zeros_like(weight)) and torch.equal(bias.grad, torch.zeros_like(bias))
 
 
+class FirstOperandLayouts(TorchDispatchMode):
+    """Each op's name, and whether its first operand (a 4-d tensor) is channels_last."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if args and isinstance(args[0], torch.Tensor) and args[0].dim() == 4:
+            self.calls.append((str(func), args[0].is_contiguous(memory_format=torch.channels_last)))
+        return func(*args, **(kwargs or {}))
+
+
+LAYOUT_CASES = [
+    ("conv2d", (8, 6, 3, 3), dict(padding=1)),
+    ("conv2d", (8, 3, 3, 3), dict(padding=1, stride=2, groups=2)),
+    ("conv_transpose2d", (6, 4, 4, 4), dict(stride=2, padding=1)),
+]
+
+
+@pytest.mark.parametrize("op,w_shape,geometry", LAYOUT_CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64], ids=str)
+def test_channels_last_gradients_keep_their_layout_and_bits(op, w_shape, geometry, dtype):
+    """A channels_last call's incoming gradient is used as it arrives, not copied into NCHW (the
+    input gradient's convolution reads it channels_last), the input gradient comes back
+    channels_last, as torch's does, and every gradient has the bits the NCHW call gets (the bias's
+    too, where torch's sum, whose order follows the layout, takes it)."""
+    adjoint = "fuel.conv_transpose2d.default" if op == "conv2d" else "fuel.conv2d.default"
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 6, 9, 11, generator=generator).to(dtype)
+    w = torch.randn(w_shape, generator=generator).to(dtype)
+    cout = w_shape[0] if op == "conv2d" else w_shape[1] * geometry.get("groups", 1)
+    b = torch.randn(cout, generator=generator).to(dtype)
+    grads = {}
+    for memory_format in (torch.contiguous_format, torch.channels_last):
+        xs, ws, bs = (t.detach().clone().contiguous(memory_format=memory_format if t.dim() == 4 else
+                                                    torch.contiguous_format).requires_grad_() for t in (x, w, b))
+        y = getattr(fuel_torch, op)(xs, ws, bs, **geometry)
+        # Magnitudes 2^-8..2^8, so that a sum's bits, even rounded to a half, depend on its order.
+        g_gen = torch.Generator().manual_seed(5)
+        g = (torch.randn(y.shape, generator=g_gen) * 2.0 ** torch.randint(-8, 9, y.shape, generator=g_gen)).to(dtype)
+        with FirstOperandLayouts() as log:
+            y.backward(g.contiguous(memory_format=memory_format))
+        grads[memory_format] = (xs.grad, ws.grad, bs.grad)
+        assert (adjoint, memory_format == torch.channels_last) in log.calls
+    x_cl = x.contiguous(memory_format=torch.channels_last).requires_grad_()
+    getattr(TF, op)(x_cl, w.contiguous(memory_format=torch.channels_last), b, **geometry).backward(
+        torch.ones(y.shape, dtype=dtype).contiguous(memory_format=torch.channels_last))
+    assert x_cl.grad.is_contiguous(memory_format=torch.channels_last)
+    assert grads[torch.channels_last][0].stride() == x_cl.grad.stride()
+    for name, nchw, nhwc in zip(("input", "weight", "bias"), grads[torch.contiguous_format], grads[torch.channels_last]):
+        assert reference.bit_equal(nchw, nhwc), name
+
+
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last], ids=str)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_half_bias_gradient_sums_position_lanes_in_order(dtype, memory_format):
+    """The half bias gradient's order, in either layout: lane (position mod 16) sums its positions in
+    order, then the lanes are added in order. Per channel, lanes 0-13 each hold 2^10 (position l)
+    and -2^10 (position l + 16); lane 14 holds 1 (position 14) and half a half-ulp of 1 (position
+    30), lane 15 holds 2^-20 (position 15). The float32 sum then sits 2^-20 above a half's rounding
+    midpoint and rounds up. Summed in one running sum, or in lanes of another width, 2^-20 meets
+    some 2^10 and is lost, and the midpoint rounds to 1."""
+    half_ulp = 2.0**-8 if dtype == torch.bfloat16 else 2.0**-11
+    values = {14: 1.0, 30: half_ulp, 15: 2.0**-20}
+    for lane in range(14):
+        values[lane], values[lane + 16] = 2.0**10, -(2.0**10)
+    g = torch.zeros(1, 16, 4, 8, dtype=torch.float64)
+    for position, value in values.items():
+        g[:, :, position // 8, position % 8] = value
+    g = g.to(dtype).contiguous(memory_format=memory_format)
+    x = torch.ones(1, 3, 4, 8, dtype=dtype).contiguous(memory_format=memory_format)
+    w = torch.ones(16, 3, 1, 1, dtype=dtype).contiguous(memory_format=memory_format)
+    b = torch.zeros(16, dtype=dtype, requires_grad=True)
+    fuel_torch.conv2d(x, w, b).backward(g)
+    assert torch.equal(b.grad, torch.full((16,), 1 + 2 * half_ulp, dtype=dtype))
+
+
 @pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last], ids=str)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_half_bias_gradient_is_one_float32_sum_rounded_once(dtype, memory_format):
     """A half conv's bias gradient sums the incoming gradient over images and positions in float32
-    and rounds once (a contiguous gradient in fuel's own loop, others in torch's sum): within half
-    an ulp of the exact sum plus the float32 summation bound, and the same bits for every thread
-    count."""
+    and rounds once (an NCHW or channels_last gradient in fuel's own loop, others in torch's sum):
+    within half an ulp of the exact sum plus the float32 summation bound, and the same bits for
+    every thread count."""
     generator = torch.Generator().manual_seed(47)
     x = torch.randn(3, 20, 13, 17, generator=generator).to(dtype)
     w = torch.randn(24, 20, 3, 3, generator=generator).to(dtype)
