@@ -109,7 +109,7 @@ Tensor dense(const Tensor& t) {
 }
 
 // The convolutions also take channels_last operands as they are, and a channels_last model's
-// gradients arrive so: copied into NCHW, two such copies took a ninth of a bfloat16 ResNet block's
+// gradients arrive so: copied into NCHW, two such copies took 7% of a bfloat16 ResNet block's
 // training step.
 Tensor conv_dense(const Tensor& t) {
   if (t.defined() && t.dim() == 4 && t.sym_storage_offset() == 0 && t.is_contiguous(at::MemoryFormat::ChannelsLast)) {
