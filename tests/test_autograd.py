@@ -451,10 +451,10 @@ def test_channels_last_gradients_keep_their_layout_and_bits(op, w_shape, geometr
 def test_half_bias_gradient_sums_position_lanes_in_order(dtype, memory_format):
     """The half bias gradient's order, in either layout: lane (position mod 16) sums its positions in
     order, then the lanes are added in order. Per channel, lanes 0-13 each hold 2^10 (position l)
-    and -2^10 (position l + 16); lane 14 holds 1 (position 14) and half a half-ulp of 1 (position
-    30), lane 15 holds 2^-20 (position 15). The float32 sum then sits 2^-20 above a half's rounding
-    midpoint and rounds up. Summed in one running sum, or in lanes of another width, 2^-20 meets
-    some 2^10 and is lost, and the midpoint rounds to 1."""
+    and -2^10 (position l + 16); lane 14 holds 1 (position 14) and half the dtype's ulp at 1
+    (position 30), lane 15 holds 2^-20 (position 15). The float32 sum then sits 2^-20 above the
+    rounding midpoint between 1 and the next half, and rounds up. Summed in one running sum, or in
+    lanes of another width, 2^-20 meets some 2^10 and is lost, and the midpoint rounds to 1."""
     half_ulp = 2.0**-8 if dtype == torch.bfloat16 else 2.0**-11
     values = {14: 1.0, 30: half_ulp, 15: 2.0**-20}
     for lane in range(14):
