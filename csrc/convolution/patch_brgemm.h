@@ -479,16 +479,18 @@ template <typename scalar_t>
 void store_patch_block(const float* c, float* turned, const PatchBlock& blk, int64_t rows, int64_t cols, int64_t m0,
                        int64_t pitch, const Phase& ph, const Phase& pw, const Axis& ax_h, const Axis& ax_w,
                        scalar_t* out_nc, const Layout& ol) {
-  auto output_at = [&](int64_t m) {
-    const int64_t jh = (m0 + m) / pitch, jw = (m0 + m) % pitch;
-    return std::pair<int64_t, scalar_t*>{jw, out_nc + (ph.r + ax_h.out_step * jh) * ol.h + (pw.r + ax_w.out_step * jw) * ol.w};
+  // The positions from m (at most `most`) that lie in m's grid row: how many (span), how many of
+  // them are kept (count: those past the grid row's count are dropped), and where the first goes.
+  auto row_piece = [&](int64_t m, int64_t most) {
+    const int64_t jh = (m0 + m) / pitch, jw = (m0 + m) % pitch, span = std::min(most, pitch - jw);
+    scalar_t* dst = out_nc + (ph.r + ax_h.out_step * jh) * ol.h + (pw.r + ax_w.out_step * jw) * ol.w;
+    return std::tuple<int64_t, int64_t, scalar_t*>{span, std::max<int64_t>(0, std::min(span, pw.count - jw)), dst};
   };
   if (ol.c == 1) {
     // A grid row's positions at a time: a division per position took two fifths of this store
     // (channels_last bfloat16 grouped 4x64x28x28 on a Zen 4).
     for (int64_t m = 0; m < rows;) {
-      const auto [jw, dst] = output_at(m);
-      const int64_t span = std::min(rows - m, pitch - jw), count = std::max<int64_t>(0, std::min(span, pw.count - jw));
+      const auto [span, count, dst] = row_piece(m, rows - m);
       for (int64_t s = 0; s < count; ++s) narrow<scalar_t>(c + (m + s) * blk.ldc, dst + s * ax_w.out_step * ol.w, cols);
       m += span;
     }
@@ -500,8 +502,7 @@ void store_patch_block(const float* c, float* turned, const PatchBlock& blk, int
     const int64_t segment = std::min<int64_t>(16, rows - m);
     for (int64_t co = 0; co < cols; co += 16) transpose_tile(c + m * blk.ldc + co, blk.ldc, turned + co * 16, int64_t(16));
     for (int64_t s = 0; s < segment;) {
-      const auto [jw, dst] = output_at(m + s);
-      const int64_t span = std::min(segment - s, pitch - jw), count = std::max<int64_t>(0, std::min(span, pw.count - jw));
+      const auto [span, count, dst] = row_piece(m + s, segment - s);
       for (int64_t co = 0; count > 0 && co < cols; ++co) store_row<scalar_t>(turned + co * 16 + s, dst + co * ol.c, step, count);
       s += span;
     }
