@@ -755,9 +755,10 @@ def test_channels_last_operands(case, dtype, x_format, w_format):
 # bits of the NCHW call. Channel counts of a partial vector (21), of more than one 128-channel block
 # and a partial one (300), and of one lane short of a vector (15); strides, dilation, geometry fixed
 # at compile time (3x3 and 5x5 at column stride 1 and 2, any row stride and dilation) and not (3x5,
-# 7x7, a column dilation); widths of a partial pixel group; row strides past the kernel's reach and
-# paddings past it (rows the ring skips, rows all padding); images tall enough that the ring of input
-# rows wraps many times; a depth multiplier of 2 (the NCHW kernel's gathers, not this path).
+# 7x7, a column dilation); widths of a partial pixel group, and wide enough for pixel groups whose
+# taps all lie inside the image (read in place) beside groups that reach into the padding; row strides
+# past the kernel's reach and paddings past it (rows skipped, rows all padding); tall images; a depth
+# multiplier of 2 (the NCHW kernel's gathers, not this path).
 DEPTHWISE_LAYOUT_CASES = [
     (2, 21, (3, 3), (9, 13), dict(padding=1)),
     (1, 300, (3, 3), (5, 6), dict(padding=(0, 1))),
@@ -769,6 +770,8 @@ DEPTHWISE_LAYOUT_CASES = [
     (1, 32, (3, 3), (30, 11), dict(stride=(4, 1), padding=(4, 1))),
     (2, 48, (3, 3), (21, 19), dict(padding=1, dilation=(3, 1))),
     (1, 20, (3, 3), (12, 14), dict(padding=(1, 1), dilation=(1, 2))),
+    (1, 32, (5, 5), (7, 24), dict(padding=2)),
+    (1, 48, (3, 3), (9, 40), dict(stride=2, padding=1)),
 ]
 
 
@@ -812,21 +815,18 @@ def test_channels_last_depthwise_bits_do_not_depend_on_the_thread_count(batch, d
                                             geometry, expected)
 
 
-def test_channels_last_depthwise_with_a_tall_reach_keeps_the_nchw_kernel():
-    """A task's lines hold every input row one output row reads: 181 rows of 380 columns of 16 float
-    lanes (4.2 MiB) is past the channels_last kernel's budget (4 MiB), so the NCHW kernel, whose lines
-    hold one channel, takes the call, with the same bits."""
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_channels_last_depthwise_with_a_tall_reach_runs_along_the_channels(dtype):
+    """The channels_last kernel reads x where it lies, so a tall dilated kernel needs no buffer of
+    input rows: a 3x3 at dilation 90 (a reach of 181 rows and columns, padding 90) runs along the
+    channels, with the NCHW call's bits."""
     generator = torch.Generator().manual_seed(8)
-    x, w, b = operands("conv2d", 1, 16, 16, 16, (3, 3), (200, 200), True, torch.float32, generator)
+    x, w, b = operands("conv2d", 1, 16, 16, 16, (3, 3), (200, 200), True, dtype, generator)
     geometry = dict(groups=16, padding=90, dilation=90)
     before = fuel_torch._C.path_counts()["depthwise_channels_last_calls"]
     ours = fuel_torch.conv2d(x.contiguous(memory_format=torch.channels_last), w, b, **geometry)
-    assert fuel_torch._C.path_counts()["depthwise_channels_last_calls"] == before
-    assert reference.bit_equal(ours.contiguous(), fuel_torch.conv2d(x, w, b, **geometry))
-    smaller = dict(groups=16, padding=80, dilation=80)  # 161 rows of 360 columns: 3.5 MiB, within it
-    ours = fuel_torch.conv2d(x.contiguous(memory_format=torch.channels_last), w, b, **smaller)
     assert fuel_torch._C.path_counts()["depthwise_channels_last_calls"] == before + 1
-    assert reference.bit_equal(ours.contiguous(), fuel_torch.conv2d(x, w, b, **smaller))
+    assert reference.bit_equal(ours.contiguous(), fuel_torch.conv2d(x, w, b, **geometry))
 
 
 @pytest.mark.parametrize("op", OPS)

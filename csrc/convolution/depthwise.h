@@ -188,10 +188,17 @@ inline void store_valid(const Vectorized<acc_t> (&v)[NV], out_t* dst, int64_t va
 // NV independent sums in the chassis order (see the file comment), chain v reading tap t's input
 // at tap_run(t, v), weighted by w[t] (a broadcast weight along an NCHW row; a vector of channels'
 // weights channels_last). kTaps > 0 fixes the tap count at compile time (the common 3x3 and 5x5
-// kernels): the loops unroll, the same operations in the same order.
-template <typename acc_t, int NV, int kTaps, typename TapRun>
+// kernels): the loops unroll, the same operations in the same order. `load` reads a tap's vector.
+struct WholeVectorLoad {
+  template <typename T>
+  Vectorized<T> operator()(const T* src) const {
+    return Vectorized<T>::loadu(src);
+  }
+};
+
+template <typename acc_t, int NV, int kTaps, typename TapRun, typename Load = WholeVectorLoad>
 inline void chain_sums(const TapRun& tap_run, const Vectorized<acc_t>* w, int64_t runtime_taps,
-                       const Vectorized<acc_t>& bias, Vectorized<acc_t> (&total)[NV]) {
+                       const Vectorized<acc_t>& bias, Vectorized<acc_t> (&total)[NV], const Load& load = Load{}) {
   using Vec = Vectorized<acc_t>;
   if constexpr (kTaps > 0 && kTaps <= kBlock) {
     // One block of one chunk: the chain from the bias, then the chunk's sum from zero (0 + chain,
@@ -199,7 +206,7 @@ inline void chain_sums(const TapRun& tap_run, const Vectorized<acc_t>* w, int64_
     for (int v = 0; v < NV; ++v) total[v] = bias;
 #pragma GCC unroll 16
     for (int t = 0; t < kTaps; ++t) {
-      for (int v = 0; v < NV; ++v) total[v] = at::vec::fmadd(w[t], Vec::loadu(tap_run(t, v)), total[v]);
+      for (int v = 0; v < NV; ++v) total[v] = at::vec::fmadd(w[t], load(tap_run(t, v)), total[v]);
     }
     for (int v = 0; v < NV; ++v) total[v] = Vec(acc_t(0)) + total[v];
     return;
@@ -214,7 +221,7 @@ inline void chain_sums(const TapRun& tap_run, const Vectorized<acc_t>* w, int64_
       const int64_t b1 = std::min(c1, b0 + kBlock);
       for (int v = 0; v < NV; ++v) acc[v] = b0 == 0 ? total[v] : Vec(acc_t(0));
       for (int64_t t = b0; t < b1; ++t) {
-        for (int v = 0; v < NV; ++v) acc[v] = at::vec::fmadd(w[t], Vec::loadu(tap_run(t, v)), acc[v]);
+        for (int v = 0; v < NV; ++v) acc[v] = at::vec::fmadd(w[t], load(tap_run(t, v)), acc[v]);
       }
       for (int v = 0; v < NV; ++v) chunk[v] = chunk[v] + acc[v];
     }
@@ -245,32 +252,6 @@ inline Vec held(Vec v) {
   return v;
 }
 #endif
-
-// chain_sums for NV adjacent output pixels of a kKh x kKw kernel at column stride kStride and column
-// dilation 1, channels_last: pixel i's tap (kh, kw) reads column i * kStride + kw of kernel row kh,
-// whose line starts at rows[kh] (columns V apart). Each row's columns are loaded once and held while
-// every pixel takes them in chain_sums' order (one block: taps ascending from the bias, then
-// 0 + chain), so the bits are chain_sums'. A Zen 4 loads one 512-bit vector per cycle: a load per
-// multiply-add held a 3x3 at half its multiply-add rate.
-template <typename acc_t, int NV, int kKh, int kKw, int kStride>
-inline void sliding_sums(const acc_t* const* rows, const Vectorized<acc_t>* w, const Vectorized<acc_t>& bias,
-                         Vectorized<acc_t> (&total)[NV]) {
-  static_assert(kKh * kKw <= kBlock);
-  using Vec = Vectorized<acc_t>;
-  constexpr int64_t V = Vec::size();
-  constexpr int kColumns = (NV - 1) * kStride + kKw;
-  for (int i = 0; i < NV; ++i) total[i] = bias;
-#pragma GCC unroll 8
-  for (int kh = 0; kh < kKh; ++kh) {
-    Vec column[kColumns];
-    for (int c = 0; c < kColumns; ++c) column[c] = held(Vec::loadu(rows[kh] + c * V));
-#pragma GCC unroll 8
-    for (int kw = 0; kw < kKw; ++kw) {
-      for (int i = 0; i < NV; ++i) total[i] = at::vec::fmadd(w[kh * kKw + kw], column[i * kStride + kw], total[i]);
-    }
-  }
-  for (int i = 0; i < NV; ++i) total[i] = Vec(acc_t(0)) + total[i];
-}
 
 // NV output vectors of one output row, starting at column ow0, of which the first `valid` columns
 // are stored; taps[t] is the offset of tap t's run inside the task's lines, w[t] its weight
@@ -385,6 +366,18 @@ inline uint32_t lanes_inside_row(int64_t c0, int64_t W, int64_t shift) {
 }
 
 #endif
+
+// f(std::integral_constant<int, 0>) ... f(std::integral_constant<int, N - 1>), in turn. Arrays of
+// vectors indexed only by such constants stay in registers: indexed in `#pragma GCC unroll` loops, a
+// channels_last depthwise block's eight sums went to memory after every kernel row, and reading x in
+// place instead of a widened ring was no faster (a float32 4x128x56x56 3x3 at 1 thread on a Zen 4:
+// 0.53-0.64 ms either way; 0.39-0.54 with the sums held).
+template <int N, typename F>
+__attribute__((always_inline)) inline void for_each_index(F&& f) {
+  [&]<int... I>(std::integer_sequence<int, I...>) __attribute__((always_inline)) {
+    (f(std::integral_constant<int, I>{}), ...);
+  }(std::make_integer_sequence<int, N>{});
+}
 
 // f(std::integral_constant<int, count>) for a count in [1, N], chosen at run time.
 template <int N, typename F>
@@ -749,28 +742,20 @@ void run_depthwise_task(const Problem& p, const DepthwisePlan& plan, const Depth
 // strided gathers and scatters, a 4x128x56x56 float32 call took 5.4 ms at 1 thread on a Zen 4,
 // four times torch's.
 //
-// A task: image n, a block of channels, a run of output rows. It widens each input row those read
-// once, into a ring of zero-padded lines blocked by channel vector, [vector][column][lane], a vector's
-// plane at a time: the next row's plane replaces the plane this row has just finished with, so
-// the widening's loads run among the multiply-adds. With a kernel's geometry fixed at compile time
-// (3x3 and 5x5 at column stride 1 or 2, column dilation 1), a tap's load is a kernel row's base and
-// a constant displacement; at column stride 1, each kernel row's columns are loaded once for
-// kPixelChains pixels (sliding_sums). kPixelChains pixels of a row go as independent chains, one
-// channel vector at a time. On a Zen 4, a 4x128x56x56 float32 call took 0.77-0.88 ms at 1 thread
-// and 0.55-0.57 at 2 with lines [column][channel], tap offsets read from a table (half the
-// instructions were address adds), a load per multiply-add and each task's rows widened before
-// its arithmetic; 0.53-0.85 and 0.29-0.36 ms now (torch 0.41-0.69 and 0.24-0.40). The arithmetic
-// alone takes 0.29 ms at 1 thread; the rest is the output's stores and the input's loads.
+// A task: image n, a block of channels, a run of output rows. Each output row goes one channel
+// vector at a time, kPixelChains pixels of it as independent chains, reading x where it lies
+// (widened on the load for a half x): a tap outside the input reads +0 without a load. With a
+// kernel's geometry fixed at compile time (3x3 and 5x5 at column stride 1 or 2, column dilation 1),
+// a tap's load is a kernel row's base and a constant displacement, and each kernel row's columns are
+// loaded once for all the pixels (sliding_sums). Widening every input row once into a ring of
+// zero-padded lines [vector][column][lane] first took a 4x128x56x56 float32 call 0.55-1.2 ms at 1
+// thread on a Zen 4, half of it in the widening's loads of x, which wait on the cache one strided
+// line at a time, where the multiply-adds' loads wait among the multiply-adds.
 // Blocks of 128 floats took a bfloat16 call 0.77-0.96 ms, 64 0.97-1.18 and 32 0.98-2.05, in the
-// same runs: fewer widening and rounding calls per pixel. float64 blocks are 64 channels, the same
-// 512 bytes a pixel.
+// same runs (with the ring): fewer rounding calls per pixel. float64 blocks are 64 channels, the
+// same 512 bytes a pixel.
 constexpr int64_t kNhwcBlock = 128;
 constexpr int kPixelChains = Vectorized<float>::size() == 16 ? 8 : 4;  // within 32 (16) vector registers
-
-// A task's ring holds the input rows one output row reads. Where a tall dilated kernel makes those
-// more than kNhwcLinesBytes, the NCHW kernel, whose lines hold one channel, takes the call (the
-// same bits).
-constexpr int64_t kNhwcLinesBytes = int64_t(4) << 20;
 
 // Channels per task: whole vectors, at most kNhwcBlock floats' bytes.
 template <typename acc_t>
@@ -779,35 +764,23 @@ int64_t nhwc_channel_block(int64_t channels) {
   return std::min(kNhwcBlock * 4 / int64_t(sizeof(acc_t)), (channels + V - 1) / V * V);
 }
 
-template <typename acc_t>
-bool depthwise_channels_last(const Problem& p, const Layout& xl, const Layout& ol) {
-  if (xl.c != 1 || ol.c != 1 || p.Cout != p.Cin || p.Cin < 2) return false;
-  // In double: hostile geometry must fail the budget, not overflow.
-  const double columns = double(p.Wo - 1) * double(p.stride[1]) + double(p.Kw - 1) * double(p.dilation[1]) + 1;
-  const double rows = double(p.Kh - 1) * double(p.dilation[0]) + 1;
-  const double block = double(nhwc_channel_block<acc_t>(p.Cin));
-  return columns * rows * block * double(sizeof(acc_t)) <= double(kNhwcLinesBytes);
+inline bool depthwise_channels_last(const Problem& p, const Layout& xl, const Layout& ol) {
+  return xl.c == 1 && ol.c == 1 && p.Cout == p.Cin && p.Cin >= 2;
 }
 
 struct NhwcPlan {
-  int64_t CB = 0, vectors = 0, blocks = 0, columns = 0, len = 0, ring = 0, rows_per_task = 0, row_blocks = 0,
-          tasks = 0;
+  int64_t CB = 0, vectors = 0, blocks = 0, rows_per_task = 0, row_blocks = 0, tasks = 0;
 };
 
 // Tasks split the images' channel blocks first, then their rows, into a multiple of the thread
-// count (at::parallel_for hands each thread an equal run of tasks); a row run re-widens only the
-// rows its first output row shares with the run before. Which task computes an output does not
-// change its sum.
+// count (at::parallel_for hands each thread an equal run of tasks). Which task computes an output
+// does not change its sum.
 template <typename acc_t>
 NhwcPlan plan_depthwise_nhwc(const Problem& p) {
-  constexpr int64_t V = Vectorized<acc_t>::size();
   NhwcPlan plan;
   plan.CB = nhwc_channel_block<acc_t>(p.Cin);
-  plan.vectors = plan.CB / V;
+  plan.vectors = plan.CB / Vectorized<acc_t>::size();
   plan.blocks = (p.Cin + plan.CB - 1) / plan.CB;
-  plan.columns = (p.Wo - 1) * p.stride[1] + (p.Kw - 1) * p.dilation[1] + 1;  // line column j: input column j - pw
-  plan.len = plan.columns * plan.CB;
-  plan.ring = (p.Kh - 1) * p.dilation[0] + 1;
   const int64_t images = p.N * plan.blocks, threads = at::get_num_threads();
   int64_t common = threads;  // gcd(images, threads)
   for (int64_t rest = images % common; rest != 0;) std::swap(common, rest), rest %= common;
@@ -816,26 +789,6 @@ NhwcPlan plan_depthwise_nhwc(const Problem& p) {
   plan.row_blocks = (p.Ho + plan.rows_per_task - 1) / plan.rows_per_task;
   plan.tasks = images * plan.row_blocks;
   return plan;
-}
-
-// Channel vector v of input row ih into its plane of a ring line: channels c0 + v * V onwards of
-// each column, zeros for the padding columns and rows and the lanes past count.
-template <typename scalar_t, typename acc_t>
-void widen_nhwc_plane(const scalar_t* image, const Layout& xl, const Problem& p, const NhwcPlan& plan, int64_t ih,
-                      int64_t c0, int64_t count, int64_t v, acc_t* line) {
-  constexpr int64_t V = Vectorized<acc_t>::size();
-  acc_t* const plane = line + v * plan.columns * V;
-  if (ih < 0 || ih >= p.H) return zero(plane, plan.columns * V);
-  const int64_t pw = p.padding[1];
-  const int64_t lo = std::clamp<int64_t>(pw, 0, plan.columns), hi = std::clamp<int64_t>(p.W + pw, lo, plan.columns);
-  zero(plane, lo * V);
-  zero(plane + hi * V, (plan.columns - hi) * V);
-  const scalar_t* src = image + ih * xl.h + (lo - pw) * xl.w + c0 + v * V;
-  const int64_t lanes = std::clamp<int64_t>(count - v * V, 0, V);
-  for (int64_t j = lo; j < hi; ++j, src += xl.w) {
-    widen<scalar_t>(src, plane + j * V, lanes);
-    if (lanes < V) zero(plane + j * V + lanes, V - lanes);
-  }
 }
 
 // The weights as [tap][channel] and the biases, in the accumulator type, zero past the channels.
@@ -854,43 +807,137 @@ std::pair<std::vector<acc_t>, std::vector<acc_t>> nhwc_weights(const Problem& p,
   return {std::move(weights), std::move(biases)};
 }
 
-// What the pixels of one output row read for one channel vector: the ring line of each kernel row,
-// the vector's weights (one per tap) and bias, and where the vector's plane starts in a line.
-template <typename acc_t>
+// One channel vector of a pixel: its loads, widened to acc_t (the vector's first `lanes` channels,
+// +0 in the others, which are not read: the block's last vector may end past the tensor), and its
+// stores (the first `lanes`).
+template <typename scalar_t>
+struct ChannelVector {
+  using Vec = Vectorized<acc_type<scalar_t>>;
+  static constexpr int64_t V = Vec::size();
+  int64_t lanes;
+#if defined(CPU_CAPABILITY_AVX512)
+  uint32_t mask = lanes_between<Vec::size()>(0, lanes);  // a masked load costs what a whole one does
+  Vec operator()(const scalar_t* src) const { return load_widened_lanes(src, mask); }
+#else
+  Vec operator()(const scalar_t* src) const {
+    if (lanes == Vec::size()) {
+      if constexpr (!is_half<scalar_t>) {
+        return Vec::loadu(src);
+      } else {
+        Vec whole;
+        at::vec::load_to_float(src, whole);
+        return whole;
+      }
+    }
+    acc_type<scalar_t> part[Vec::size()] = {};
+    for (int64_t i = 0; i < lanes; ++i) part[i] = static_cast<acc_type<scalar_t>>(src[i]);
+    return Vec::loadu(part);
+  }
+#endif
+
+  // Half `part` (0: lanes [0, V); 1: [V, 2V)) of two channel vectors rounded together.
+  void store_part(const Vectorized<scalar_t>& both, int part, scalar_t* dst) const {
+#if defined(CPU_CAPABILITY_AVX512)
+    const __m512i bits = both;
+    const __m256i half = part ? _mm512_extracti64x4_epi64(bits, 1) : _mm512_castsi512_si256(bits);
+    _mm256_mask_storeu_epi16(dst, static_cast<__mmask16>(mask), half);
+#else
+    scalar_t rounded[2 * V];
+    both.store(rounded);
+    std::copy_n(rounded + part * V, lanes, dst);
+#endif
+  }
+};
+
+// Which of a pixel block's loads lie inside the input: kernel rows whose bit is set in `rows`, and
+// of those the columns [lo, hi) of the block's window. The others read +0 (the padding).
+struct InsideWindow {
+  uint32_t rows;
+  int64_t lo, hi;
+};
+
+// chain_sums for NV adjacent output pixels of a kKh x kKw kernel at column stride kStride and column
+// dilation 1, channels_last: pixel i's tap (kh, kw) reads column i * kStride + kw of kernel row kh's
+// window, which starts at rows[kh] (columns `pitch` elements apart, read by `load`). Each row's
+// columns are loaded once and held while every pixel takes them in chain_sums' order (one block:
+// taps ascending from the bias, then 0 + chain), so the bits are chain_sums'. A Zen 4 loads one
+// 512-bit vector per cycle: a load per multiply-add held a 3x3 at half its multiply-add rate.
+// kEdges: the window reaches into the padding (see InsideWindow), where its addresses may lie
+// outside x (never read).
+template <typename scalar_t, int NV, int kKh, int kKw, int kStride, bool kEdges>
+__attribute__((always_inline)) inline void sliding_sums(const scalar_t* const* rows, int64_t pitch,
+                                                                 const ChannelVector<scalar_t>& load,
+                                                                 const InsideWindow& inside,
+                                                                 const Vectorized<acc_type<scalar_t>>* w,
+                                                                 const Vectorized<acc_type<scalar_t>>& bias,
+                                                                 Vectorized<acc_type<scalar_t>> (&total)[NV]) {
+  static_assert(kKh * kKw <= kBlock);
+  using acc_t = acc_type<scalar_t>;
+  using Vec = Vectorized<acc_t>;
+  constexpr int kColumns = (NV - 1) * kStride + kKw;
+  for_each_index<NV>([&](auto i) __attribute__((always_inline)) { total[i] = bias; });
+  for_each_index<kKh>([&](auto kh) __attribute__((always_inline)) {
+    Vec column[kColumns];
+    for_each_index<kColumns>([&](auto c) __attribute__((always_inline)) {
+      const bool read = !kEdges || ((inside.rows >> kh & 1) && c >= inside.lo && c < inside.hi);
+      column[c] = read ? held(load(rows[kh] + c * pitch)) : Vec(acc_t(0));
+    });
+    for_each_index<kKw>([&](auto kw) __attribute__((always_inline)) {
+      for_each_index<NV>([&](auto i) __attribute__((always_inline)) {
+        total[i] = at::vec::fmadd(w[kh * kKw + kw], column[i * kStride + kw], total[i]);
+      });
+    });
+  });
+  for_each_index<NV>([&](auto i) __attribute__((always_inline)) { total[i] = Vec(acc_t(0)) + total[i]; });
+}
+
+// What the pixels of one output row read for one channel vector: kernel row kh's input row starts
+// at rows[kh] (at the block's first channel, column 0; null in the padding), the vector's channels
+// `plane` elements on; the vector's weights (one per tap), bias, loads and stores.
+template <typename scalar_t>
 struct NhwcRowVector {
-  const acc_t* const* rows;
-  const Vectorized<acc_t>* w;
-  Vectorized<acc_t> bias;
-  int64_t plane, Kw, n_taps, S, D;
+  using Vec = Vectorized<acc_type<scalar_t>>;
+  const scalar_t* const* rows;
+  uint32_t rows_inside;  // bit kh: rows[kh] is not null (for sliding_sums' kernels, <= 32 rows)
+  int64_t plane;
+  const Vec* w;
+  Vec bias;
+  ChannelVector<scalar_t> channels;
+  const scalar_t* zeros;  // a vector of +0 for a tap in the padding (the geometry read at run time)
+  int64_t pitch, W, pw, Kh, Kw, n_taps, S, D;
 };
 
 // The sums of kPixels adjacent output pixels from column ow (see convolve_depthwise_nhwc). Always
 // inlined: called out of line, the sums went through memory.
-template <typename acc_t, int kPixels, int kKh, int kKw, int kStride, bool kSliding>
-__attribute__((always_inline)) inline void nhwc_pixel_sums(const NhwcRowVector<acc_t>& r, int64_t ow,
-                                                           Vectorized<acc_t> (&sums)[kPixels]) {
-  constexpr int64_t V = Vectorized<acc_t>::size();
-  const acc_t* base[kKh > 0 ? kKh : 1];
-  const acc_t* const* const from = kKh > 0 ? base : r.rows;
-  if constexpr (kKh > 0) {
-    for (int kh = 0; kh < kKh; ++kh) base[kh] = r.rows[kh] + r.plane + ow * r.S * V;
-  }
-  const int64_t shift = kKh > 0 ? 0 : r.plane + ow * r.S * V;
+template <typename scalar_t, int kPixels, int kKh, int kKw, int kStride, bool kSliding>
+__attribute__((always_inline)) inline void nhwc_pixel_sums(const NhwcRowVector<scalar_t>& r, int64_t ow,
+                                                           Vectorized<acc_type<scalar_t>> (&sums)[kPixels]) {
+  using acc_t = acc_type<scalar_t>;
+  const int64_t first_column = ow * r.S - r.pw;  // of the block's window
   if constexpr (kSliding) {
-    sliding_sums<acc_t, kPixels, kKh, kKw, kStride>(base, r.w, r.bias, sums);
+    constexpr int64_t kColumns = (kPixels - 1) * kStride + kKw;
+    const scalar_t* base[kKh];
+    static_assert(kKh <= 32);
+    for (int kh = 0; kh < kKh; ++kh) base[kh] = r.rows[kh] ? r.rows[kh] + r.plane + first_column * r.pitch : nullptr;
+    const InsideWindow inside{r.rows_inside, -first_column, r.W - first_column};
+    constexpr uint32_t kAllRows = (uint32_t(1) << kKh) - 1;
+    if (inside.rows == kAllRows && inside.lo <= 0 && inside.hi >= kColumns) {
+      sliding_sums<scalar_t, kPixels, kKh, kKw, kStride, false>(base, r.pitch, r.channels, inside, r.w, r.bias,
+                                                                         sums);
+    } else {
+      sliding_sums<scalar_t, kPixels, kKh, kKw, kStride, true>(base, r.pitch, r.channels, inside, r.w, r.bias,
+                                                                        sums);
+    }
   } else {
-    const auto tap_run = [&](int64_t t, int i) { return from[t / r.Kw] + shift + (i * r.S + t % r.Kw * r.D) * V; };
-    chain_sums<acc_t, kPixels, kKh * kKw>(tap_run, r.w, r.n_taps, r.bias, sums);
+    // Tap t of pixel i: kernel row t / Kw, input column first_column + i * S + (t % Kw) * D.
+    const auto tap_run = [&](int64_t t, int i) {
+      const int64_t kh = t / r.Kw, column = first_column + i * r.S + (t - kh * r.Kw) * r.D;
+      return r.rows[kh] && column >= 0 && column < r.W ? r.rows[kh] + r.plane + column * r.pitch : r.zeros;
+    };
+    chain_sums<acc_t, kPixels, kKh * kKw>(tap_run, r.w, r.n_taps, r.bias, sums, r.channels);
   }
 }
 
-// A float16 or bfloat16 output row's sums (result: [column][channel block]) rounded into the output.
-template <typename scalar_t, typename acc_t>
-void narrow_nhwc_row(const acc_t* result, scalar_t* out_row, const Layout& ol, int64_t CB, int64_t count, int64_t Wo) {
-  // The block is all the channels: one run.
-  if (count == CB && ol.w == CB) return narrow<scalar_t>(result, out_row, Wo * CB);
-  for (int64_t ow = 0; ow < Wo; ++ow) narrow<scalar_t>(result + ow * CB, out_row + ow * ol.w, count);
-}
 
 // kKh x kKw taps at column stride kStride and column dilation 1, fixed at compile time; kKh == 0: the
 // geometry read from p.
@@ -910,66 +957,63 @@ void convolve_depthwise_nhwc(const Problem& p, const scalar_t* x, const Layout& 
   const NhwcPlan plan = plan_depthwise_nhwc<acc_t>(p);
   path_counts().depthwise_channels_last_calls += 1;
   const auto [weights, biases] = nhwc_weights<scalar_t>(p, plan, weight, ws, bias);
-  const int64_t Cpad = plan.blocks * plan.CB, sh = p.stride[0], dh = p.dilation[0], reach = (Kh - 1) * dh;
+  const int64_t Cpad = plan.blocks * plan.CB, sh = p.stride[0], dh = p.dilation[0];
+  const scalar_t zeros[V] = {};
   at::parallel_for(0, plan.tasks, 1, [&](int64_t first, int64_t last) {
-    const auto ring = scratch<acc_t>(plan.ring * plan.len);  // every plane read is widened first
-    std::vector<acc_t> result(is_half<scalar_t> ? p.Wo * plan.CB : 0);
-    std::vector<const acc_t*> rows(Kh);  // the ring line of each kernel row
+    std::vector<const scalar_t*> rows(Kh);  // each kernel row's input row
     std::vector<Vec> w(plan.vectors * n_taps);
     for (int64_t task = first; task < last; ++task) {
       const int64_t rb = task % plan.row_blocks, block = task / plan.row_blocks % plan.blocks;
       const int64_t n = task / plan.row_blocks / plan.blocks;
       const int64_t oh0 = rb * plan.rows_per_task, oh1 = std::min(p.Ho, oh0 + plan.rows_per_task);
       const int64_t c0 = block * plan.CB, count = std::min(plan.CB, p.Cin - c0);
-      const scalar_t* const image = x + n * xl.n;
       for (int64_t v = 0; v < plan.vectors; ++v) {
         for (int64_t t = 0; t < n_taps; ++t) w[v * n_taps + t] = Vec::loadu(&weights[t * Cpad + c0 + v * V]);
       }
-      const auto line_of = [&](int64_t ih) { return ring.get() + (ih + p.padding[0]) % plan.ring * plan.len; };
-      // Input rows [from, to) of plane v into the ring.
-      const auto widen_rows = [&](int64_t from, int64_t to, int64_t v) {
-        for (int64_t ih = from; ih < to; ++ih) {
-          widen_nhwc_plane<scalar_t, acc_t>(image, xl, p, plan, ih, c0, count, v, line_of(ih));
-        }
-      };
-      const int64_t first_top = oh0 * sh - p.padding[0];
-      for (int64_t v = 0; v < plan.vectors; ++v) widen_rows(first_top, first_top + reach + 1, v);
       for (int64_t oh = oh0; oh < oh1; ++oh) {
-        const int64_t top = oh * sh - p.padding[0];
-        // The rows the next output row of the task reads that the ring lacks. Their slots hold rows
-        // this output row reads (the ring holds reach + 1 rows), so each of their planes is replaced
-        // once this row is done with it; the next row is done with none of the rows replaced.
-        const bool last_row = oh + 1 == oh1;
-        const int64_t next_from = std::max(top + reach + 1, top + sh);
-        const int64_t next_to = last_row ? next_from : top + sh + reach + 1;
+        uint32_t rows_inside = 0;
+        for (int64_t kh = 0; kh < Kh; ++kh) {
+          const int64_t ih = oh * sh - p.padding[0] + kh * dh;
+          rows[kh] = ih >= 0 && ih < p.H ? x + n * xl.n + ih * xl.h + c0 : nullptr;
+          if (kh < 32 && rows[kh]) rows_inside |= uint32_t(1) << kh;
+        }
         scalar_t* const out_row = out + n * ol.n + oh * ol.h + c0;
-        for (int64_t kh = 0; kh < Kh; ++kh) rows[kh] = line_of(top + kh * dh);
         for (int64_t v = 0; v < plan.vectors; ++v) {
           const int64_t lanes = std::min(V, count - v * V);
           if (lanes <= 0) break;
-          const NhwcRowVector<acc_t> row_vector{rows.data(), &w[v * n_taps], Vec::loadu(&biases[c0 + v * V]),
-                                                v * plan.columns * V, Kw, n_taps, S, D};
-          // kPixels pixels from ow, stored (a half row into `result`, rounded below).
+          const NhwcRowVector<scalar_t> row_vector{rows.data(), rows_inside, v * V, &w[v * n_taps],
+                                                   Vec::loadu(&biases[c0 + v * V]), {lanes}, zeros, xl.w, p.W,
+                                                   p.padding[1], Kh, Kw, n_taps, S, D};
+          // kPixels pixels from ow, stored.
           const auto pixels = [&](auto fixed, int64_t ow) {
             constexpr int kPixels = decltype(fixed)::value;
             Vec sums[kPixels];
-            nhwc_pixel_sums<acc_t, kPixels, kKh, kKw, kStride, kSliding>(row_vector, ow, sums);
-            for (int i = 0; i < kPixels; ++i) {
-              if constexpr (is_half<scalar_t>) {
-                sums[i].store(&result[(ow + i) * plan.CB + v * V]);
-              } else if (lanes == V) {
-                sums[i].store(out_row + (ow + i) * ol.w + v * V);
-              } else {
-                sums[i].store(out_row + (ow + i) * ol.w + v * V, static_cast<int>(lanes));
-              }
+            nhwc_pixel_sums<scalar_t, kPixels, kKh, kKw, kStride, kSliding>(row_vector, ow, sums);
+            scalar_t* const first = out_row + ow * ol.w + v * V;
+            if constexpr (is_half<scalar_t>) {
+              // Pixel pairs rounded together by the vector code narrow() uses, lane by lane (the
+              // bits narrow() gives), into the output: through a row of sums, rounded as a run
+              // after it, a bfloat16 call spent a fifth of its time in the rounding.
+              for_each_index<(kPixels + 1) / 2>([&](auto pair) __attribute__((always_inline)) {
+                constexpr int i = 2 * pair;
+                const auto both = at::vec::convert_from_float<scalar_t>(sums[i], sums[std::min(i + 1, kPixels - 1)]);
+                row_vector.channels.store_part(both, 0, first + i * ol.w);
+                if constexpr (i + 1 < kPixels) row_vector.channels.store_part(both, 1, first + (i + 1) * ol.w);
+              });
+              return;
             }
+            for_each_index<kPixels>([&](auto i) __attribute__((always_inline)) {
+              if (lanes == V) {
+                sums[i].store(first + i * ol.w);
+              } else {
+                sums[i].store(first + i * ol.w, static_cast<int>(lanes));
+              }
+            });
           };
           int64_t ow = 0;
           for (; ow + kPixelChains <= p.Wo; ow += kPixelChains) pixels(std::integral_constant<int, kPixelChains>{}, ow);
           with_count<kPixelChains - 1>(p.Wo - ow, [&](auto fixed) { pixels(fixed, ow); });
-          widen_rows(next_from, next_to, v);
         }
-        if constexpr (is_half<scalar_t>) narrow_nhwc_row(result.data(), out_row, ol, plan.CB, count, p.Wo);
       }
     }
   });
@@ -981,7 +1025,7 @@ template <typename scalar_t>
 void convolve_depthwise(const Problem& p, const scalar_t* x, const Layout& xl, const scalar_t* weight, const int64_t* ws,
                         const scalar_t* bias, scalar_t* out, const Layout& ol) {
   using namespace depthwise_detail;
-  if (depthwise_channels_last<acc_type<scalar_t>>(p, xl, ol)) {
+  if (depthwise_channels_last(p, xl, ol)) {
     const auto run = [&](auto kh, auto kw, auto stride) {
       convolve_depthwise_nhwc<scalar_t, decltype(kh)::value, decltype(kw)::value, decltype(stride)::value>(
           p, x, xl, weight, ws, bias, out, ol);
