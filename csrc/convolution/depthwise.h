@@ -867,7 +867,7 @@ struct InsideWindow {
 template <typename scalar_t, int NV, int kKh, int kKw, int kStride, bool kEdges>
 __attribute__((always_inline)) inline void sliding_sums(const scalar_t* const* rows, int64_t pitch,
                                                                  const ChannelVector<scalar_t>& load,
-                                                                 const InsideWindow& inside,
+                                                                 const InsideWindow& inside, const scalar_t* zeros,
                                                                  const Vectorized<acc_type<scalar_t>>* w,
                                                                  const Vectorized<acc_type<scalar_t>>& bias,
                                                                  Vectorized<acc_type<scalar_t>> (&total)[NV]) {
@@ -875,16 +875,16 @@ __attribute__((always_inline)) inline void sliding_sums(const scalar_t* const* r
   using acc_t = acc_type<scalar_t>;
   using Vec = Vectorized<acc_t>;
   constexpr int kColumns = (NV - 1) * kStride + kKw;
-  for_each_index<NV>([&](auto i) __attribute__((always_inline)) { total[i] = bias; });
   for_each_index<kKh>([&](auto kh) __attribute__((always_inline)) {
     Vec column[kColumns];
     for_each_index<kColumns>([&](auto c) __attribute__((always_inline)) {
       const bool read = !kEdges || ((inside.rows >> kh & 1) && c >= inside.lo && c < inside.hi);
-      column[c] = read ? held(load(rows[kh] + c * pitch)) : Vec(acc_t(0));
+      column[c] = held(load(read ? rows[kh] + c * pitch : zeros));
     });
     for_each_index<kKw>([&](auto kw) __attribute__((always_inline)) {
       for_each_index<NV>([&](auto i) __attribute__((always_inline)) {
-        total[i] = at::vec::fmadd(w[kh * kKw + kw], column[i * kStride + kw], total[i]);
+        // The first tap adds to the bias itself: copied into each sum first, the copies went to memory.
+        total[i] = at::vec::fmadd(w[kh * kKw + kw], column[i * kStride + kw], kh + kw == 0 ? bias : total[i]);
       });
     });
   });
@@ -921,13 +921,15 @@ __attribute__((always_inline)) inline void nhwc_pixel_sums(const NhwcRowVector<s
     for (int kh = 0; kh < kKh; ++kh) base[kh] = r.rows[kh] ? r.rows[kh] + r.plane + first_column * r.pitch : nullptr;
     const InsideWindow inside{r.rows_inside, -first_column, r.W - first_column};
     constexpr uint32_t kAllRows = (uint32_t(1) << kKh) - 1;
-    if (inside.rows == kAllRows && inside.lo <= 0 && inside.hi >= kColumns) {
-      sliding_sums<scalar_t, kPixels, kKh, kKw, kStride, false>(base, r.pitch, r.channels, inside, r.w, r.bias,
-                                                                         sums);
-    } else {
-      sliding_sums<scalar_t, kPixels, kKh, kKw, kStride, true>(base, r.pitch, r.channels, inside, r.w, r.bias,
-                                                                        sums);
+    // A row's last pixels (fewer than kPixelChains) take the padding-aware body only: a second body
+    // for each count made these kernels most of the AVX-512 object's compile time.
+    if constexpr (kPixels == kPixelChains) {
+      if (inside.rows == kAllRows && inside.lo <= 0 && inside.hi >= kColumns) {
+        return sliding_sums<scalar_t, kPixels, kKh, kKw, kStride, false>(base, r.pitch, r.channels, inside, r.zeros, r.w,
+                                                                         r.bias, sums);
+      }
     }
+    sliding_sums<scalar_t, kPixels, kKh, kKw, kStride, true>(base, r.pitch, r.channels, inside, r.zeros, r.w, r.bias, sums);
   } else {
     // Tap t of pixel i: kernel row t / Kw, input column first_column + i * S + (t % Kw) * D.
     const auto tap_run = [&](int64_t t, int i) {
