@@ -830,7 +830,7 @@ struct ChannelVector {
       }
     }
     acc_type<scalar_t> part[Vec::size()] = {};
-    for (int64_t i = 0; i < lanes; ++i) part[i] = static_cast<acc_type<scalar_t>>(src[i]);
+    widen(src, part, lanes);
     return Vec::loadu(part);
   }
 #endif
