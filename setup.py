@@ -11,6 +11,7 @@ the per-level objects itself (with the same ninja machinery) and links them afte
 import os
 import subprocess
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 
 from setuptools import setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
@@ -72,21 +73,30 @@ class BuildWithLevels(BuildExtension):
     def build_extension(self, ext):
         compiler = self.compiler.compiler_so[0]
         common_args = list(ext.extra_compile_args)  # COMPILE_ARGS plus what BuildExtension added
-        ext.extra_objects = []
+        levels = {}
         for level, flags in levels_to_build().items():
             if level != "DEFAULT" and not compiler_supports(compiler, flags):
                 print(f"fuel_torch: the compiler cannot target {level}; building without those kernels")
                 continue
             if level != "DEFAULT":
                 ext.extra_compile_args.append(f"-DFUEL_HAVE_{level}")  # for the common sources
-            ext.extra_objects += self.compiler.compile(
+            levels[level] = flags
+
+        def compile_level(level):
+            return self.compiler.compile(
                 sources(KERNEL_DIR),
                 output_dir=os.path.join(self.build_temp, "levels", level),
                 macros=ext.define_macros,
                 include_dirs=ext.include_dirs,
-                extra_postargs=[*common_args, *KERNEL_ARGS, *flags, f"-DCPU_CAPABILITY={level}", f"-DCPU_CAPABILITY_{level}"],
+                extra_postargs=[*common_args, *KERNEL_ARGS, *levels[level], f"-DCPU_CAPABILITY={level}",
+                                f"-DCPU_CAPABILITY_{level}"],
                 depends=ext.depends,
             )
+
+        # The levels compile side by side (a ninja run each): a level is one large object and two
+        # small ones, so one level at a time left a core idle for most of the build.
+        with ThreadPoolExecutor(max_workers=len(levels)) as pool:
+            ext.extra_objects = [obj for objects in pool.map(compile_level, levels) for obj in objects]  # LEVELS order
         super().build_extension(ext)
 
 
