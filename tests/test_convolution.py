@@ -772,6 +772,9 @@ DEPTHWISE_LAYOUT_CASES = [
     (1, 20, (3, 3), (12, 14), dict(padding=(1, 1), dilation=(1, 2))),
     (1, 32, (5, 5), (7, 24), dict(padding=2)),
     (1, 48, (3, 3), (9, 40), dict(stride=2, padding=1)),
+    # No padding: a row's last pixels (after a whole group) take the padding-aware body anyway.
+    (1, 40, (3, 3), (6, 13), dict()),
+    (2, 24, (5, 5), (7, 14), dict()),
 ]
 
 

@@ -863,7 +863,9 @@ struct InsideWindow {
 // taps ascending from the bias, then 0 + chain), so the bits are chain_sums'. A Zen 4 loads one
 // 512-bit vector per cycle: a load per multiply-add held a 3x3 at half its multiply-add rate.
 // kEdges: the window reaches into the padding (see InsideWindow), where its addresses may lie
-// outside x (never read).
+// outside x (never read): such a tap loads `zeros` (+0) instead. Choosing the address, not
+// branching around the load, keeps the columns in registers (a branch stored them to memory:
+// float32 4x672x14x14 5x5 at 1 thread on a Zen 4, 0.51 -> 0.37 ms).
 template <typename scalar_t, int NV, int kKh, int kKw, int kStride, bool kEdges>
 __attribute__((always_inline)) inline void sliding_sums(const scalar_t* const* rows, int64_t pitch,
                                                                  const ChannelVector<scalar_t>& load,
