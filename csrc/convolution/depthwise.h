@@ -757,6 +757,14 @@ void run_depthwise_task(const Problem& p, const DepthwisePlan& plan, const Depth
 constexpr int64_t kNhwcBlock = 128;
 constexpr int kPixelChains = Vectorized<float>::size() == 16 ? 8 : 4;  // within 32 (16) vector registers
 
+// Pixels per block of a kernel kKw wide at column stride kStride: kPixelChains, but 4 for a 5x5 at
+// stride 2, whose 19 columns for 8 pixels would not stay in 32 registers (its 11 for 4 do: float32
+// 4x240x28x28 at 1 thread on a Zen 4, 0.35 -> 0.17 ms, against the chains of one load per tap).
+template <int kKw, int kStride>
+constexpr int pixel_group() {
+  return kStride == 2 && kKw == 5 && kPixelChains == 8 ? 4 : kPixelChains;
+}
+
 // Channels per task: whole vectors, at most kNhwcBlock floats' bytes.
 template <typename acc_t>
 int64_t nhwc_channel_block(int64_t channels) {
@@ -925,7 +933,7 @@ __attribute__((always_inline)) inline void nhwc_pixel_sums(const NhwcRowVector<s
     constexpr uint32_t kAllRows = (uint32_t(1) << kKh) - 1;
     // A row's last pixels (fewer than kPixelChains) take the padding-aware body only: a second body
     // for each count made these kernels most of the AVX-512 object's compile time.
-    if constexpr (kPixels == kPixelChains) {
+    if constexpr (kPixels == pixel_group<kKw, kStride>()) {
       if (inside.rows == kAllRows && inside.lo <= 0 && inside.hi >= kColumns) {
         return sliding_sums<scalar_t, kPixels, kKh, kKw, kStride, false>(base, r.pitch, r.channels, inside, r.zeros, r.w,
                                                                          r.bias, sums);
@@ -954,8 +962,9 @@ void convolve_depthwise_nhwc(const Problem& p, const scalar_t* x, const Layout& 
   // Each kernel row's columns held in registers (sliding_sums) at column stride 1, and for a 3x3 at
   // stride 2 where 32 vector registers hold its 17 columns: 4x128x56x56 at stride 2 took 0.26-0.29
   // -> 0.26-0.27 ms in float32 at 1 thread on a Zen 4 (0.16 -> 0.15 at 2), float64 0.88-0.95 ->
-  // 0.78-0.82. A 5x5's 19 columns at stride 2 took it 0.45 -> 0.66 ms.
-  constexpr bool kSliding = kKh > 0 && (kStride == 1 || (kKw == 3 && Vec::size() * sizeof(acc_t) == 64));
+  // 0.78-0.82. A 5x5 at stride 2 goes 4 pixels at a time (pixel_group): as 8, its 19 columns took
+  // it 0.45 -> 0.66 ms.
+  constexpr bool kSliding = kKh > 0 && (kStride == 1 || ((kKw == 3 || kKw == 5) && Vec::size() * sizeof(acc_t) == 64));
   const int64_t Kh = kKh ? kKh : p.Kh, Kw = kKw ? kKw : p.Kw, n_taps = Kh * Kw;
   const int64_t S = kStride ? kStride : p.stride[1], D = kKh ? 1 : p.dilation[1];
   const NhwcPlan plan = plan_depthwise_nhwc<acc_t>(p);
@@ -1015,8 +1024,9 @@ void convolve_depthwise_nhwc(const Problem& p, const scalar_t* x, const Layout& 
             });
           };
           int64_t ow = 0;
-          for (; ow + kPixelChains <= p.Wo; ow += kPixelChains) pixels(std::integral_constant<int, kPixelChains>{}, ow);
-          with_count<kPixelChains - 1>(p.Wo - ow, [&](auto fixed) { pixels(fixed, ow); });
+          constexpr int kGroup = pixel_group<kKw, kStride>();
+          for (; ow + kGroup <= p.Wo; ow += kGroup) pixels(std::integral_constant<int, kGroup>{}, ow);
+          with_count<kGroup - 1>(p.Wo - ow, [&](auto fixed) { pixels(fixed, ow); });
         }
       }
     }
