@@ -931,8 +931,8 @@ __attribute__((always_inline)) inline void nhwc_pixel_sums(const NhwcRowVector<s
     for (int kh = 0; kh < kKh; ++kh) base[kh] = r.rows[kh] ? r.rows[kh] + r.plane + first_column * r.pitch : nullptr;
     const InsideWindow inside{r.rows_inside, -first_column, r.W - first_column};
     constexpr uint32_t kAllRows = (uint32_t(1) << kKh) - 1;
-    // A row's last pixels (fewer than kPixelChains) take the padding-aware body only: a second body
-    // for each count made these kernels most of the AVX-512 object's compile time.
+    // A row's last pixels (fewer than a group, pixel_group) take the padding-aware body only: a second
+    // body for each count made these kernels most of the AVX-512 object's compile time.
     if constexpr (kPixels == pixel_group<kKw, kStride>()) {
       if (inside.rows == kAllRows && inside.lo <= 0 && inside.hi >= kColumns) {
         return sliding_sums<scalar_t, kPixels, kKh, kKw, kStride, false>(base, r.pitch, r.channels, inside, r.zeros, r.w,
