@@ -743,8 +743,8 @@ void run_depthwise_task(const Problem& p, const DepthwisePlan& plan, const Depth
 // four times torch's.
 //
 // A task: image n, a block of channels, a run of output rows. Each output row goes one channel
-// vector at a time, kPixelChains pixels of it as independent chains, reading x where it lies
-// (widened on the load for a half x): a tap outside the input reads +0 without a load. With a
+// vector at a time, a group of pixels (pixel_group) as independent chains, reading x where it lies
+// (widened on the load for a half x): a tap outside the input loads a vector of +0 instead. With a
 // kernel's geometry fixed at compile time (3x3 and 5x5 at column stride 1 or 2, column dilation 1),
 // a tap's load is a kernel row's base and a constant displacement, and each kernel row's columns are
 // loaded once for all the pixels (sliding_sums). Widening every input row once into a ring of
