@@ -257,6 +257,7 @@ void bind_cpu_capability(pybind11::module_& m) {
                                           {"float_brgemm_images", c.float_brgemm_images.load()},
                                           {"patch_brgemm_images", c.patch_brgemm_images.load()},
                                           {"patch_x_in_place_images", c.patch_x_in_place_images.load()},
+                                          {"plane_brgemm_images", c.plane_brgemm_images.load()},
                                           {"wide_brgemm_calls", c.wide_brgemm_calls.load()},
                                           {"pointwise_brgemm_images", c.pointwise_brgemm_images.load()},
                                           {"depthwise_channels_last_calls", c.depthwise_channels_last_calls.load()},
@@ -264,7 +265,8 @@ void bind_cpu_capability(pybind11::module_& m) {
   }, "How many images the bfloat16 and float32 per-tap brgemm paths and the patch path, and how many calls the "
      "wide-kernel brgemm path, the channels_last depthwise kernel and the NCHW depthwise kernel reading x in place (without lines), have computed since import (float_brgemm_images "
      "includes pointwise_brgemm_images, the float32 1x1 channels_last calls read in place; patch_brgemm_images "
-     "includes patch_x_in_place_images, the calls whose patches were read from x without staging).");
+     "includes patch_x_in_place_images, the calls whose patches were read from x without staging, and "
+     "plane_brgemm_images, NCHW float32 calls of the input's size computed on x and the output in place).");
   m.def("bfloat16_brgemm", [] {
     switch (bfloat16_brgemm_unit()) {
       case Bf16Unit::tiles: return std::string("AMX");

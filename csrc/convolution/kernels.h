@@ -11,6 +11,7 @@
 #include "packing.h"
 #include "patch_brgemm.h"
 #include "planar.h"
+#include "plane_brgemm.h"
 #include "pointwise_brgemm.h"
 #include "tap_brgemm.h"
 #include "wide_brgemm.h"
@@ -60,7 +61,8 @@ void convolve_on_chassis(const Problem& p, const scalar_t* x, const Layout& xl, 
 
 // The brgemm paths where one serves (bfloat16 on AMX or AVX512_BF16, image by image where it
 // computes the contract's sums; float32 on oneDNN's kernel): per block of positions over whole patches
-// (patch_brgemm.h) where that serves, else one brgemm per tap (tap_brgemm.h; float32 1x1 channels_last
+// (patch_brgemm.h) where that serves (its sums computed on x and the output in place where both are NCHW
+// float32 planes of one size, plane_brgemm.h), else one brgemm per tap (tap_brgemm.h; float32 1x1 channels_last
 // calls read in place, pointwise_brgemm.h). The chassis for every
 // other call and every image a brgemm path leaves.
 template <typename scalar_t>
@@ -71,6 +73,9 @@ void convolve_general(const Problem& p, const scalar_t* x, const Layout& xl, con
     const Axis ax_h = make_axis(p, 0), ax_w = make_axis(p, 1);
     std::vector<char> done;
     if (std::optional<PatchPlan> plan = patch_plan<scalar_t>(p, ax_h, ax_w)) {
+      if constexpr (std::is_same_v<scalar_t, float>) {
+        if (plane_brgemm_serves<scalar_t>(p, ax_h, ax_w, xl, ol)) return convolve_plane_brgemm(p, ax_h, ax_w, x, xl, o, bias, out, ol);
+      }
       done = convolve_patch_brgemm<scalar_t>(p, ax_h, ax_w, std::move(*plan), x, xl, o, bias, out, ol);
     } else if (const PaddedPlanes planes = padded_planes(ax_h, ax_w, kPositions); tap_brgemm_serves<scalar_t>(p, planes)) {
       if constexpr (std::is_same_v<scalar_t, float>) {

@@ -1,0 +1,167 @@
+// float32 NCHW convolutions whose output keeps the input's size, stride 1 (a ResNet 3x3, a dilated
+// 3x3 padded by its dilation, their stride-1 transposes), on torch's brgemm with nothing copied:
+// C[co][q] += sum over ci of W_tap[co][ci] * x[ci][q + shift] (the per-tap path's orientation),
+// where B is x's planes read in place (ldb = a plane) and C is the output itself (ldc = a plane).
+//
+// Positions q = row * W + column run on across rows because the output rows are as long as the
+// input's: a tap shifted by (dh, dw) reads x at q + dh * W + dw. What that reads wrong is the
+// padding: rows past the top or bottom (those positions are left out of the tap's brgemm), and
+// columns past a row's end, which read the neighbouring row's first or last elements: their C values
+// are kept before the tap and put back after it, so that the tap adds nothing to them.
+//
+// The sums are the patch path's for the calls it serves (patch_brgemm.h), and so those of the same
+// call channels_last: each output starts at its bias, then the taps (rows, then columns, each sorted
+// by input offset), each tap's channels in chunks of kPatchChunk (a whole number of them: the patch
+// path cuts its runs every kPatchChunk terms, which then fall on tap boundaries), each chunk summed by
+// oneDNN's kernel from zero and added to C. The patch path adds zeros for a tap in the padding;
+// leaving the tap out gives the same bits, because every output here has a tap in range (the one at
+// offset 0) and a chunk summed from zero is never -0. On a Zen 4 the ResNet 3x3 (4x64x56x56, 1
+// thread) spent a tenth of its time staging x and turning C round on the patch path.
+#pragma once
+
+#include <ATen/native/CPUBlas.h>
+
+#include "axes.h"
+#include "kernel_common.h"
+#include "kernel_table.h"
+#include "patch_brgemm.h"
+
+namespace fuel {
+namespace CPU_CAPABILITY {
+
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+
+constexpr int64_t kPlanePositions = 128;  // positions per brgemm: its N
+constexpr int64_t kPlaneChannels = 64;    // output channels per brgemm: its M
+
+// The axis's one phase, where it steps by 1 in and out, keeps the input's length and has a tap at
+// offset 0; else null.
+inline const Phase* same_size_phase(const Axis& ax, int64_t in_length, int64_t out_length) {
+  if (ax.in_step != 1 || ax.out_step != 1 || ax.phases.size() != 1 || in_length != out_length) return nullptr;
+  const Phase& ph = ax.phases[0];
+  const bool centred = std::any_of(ph.taps.begin(), ph.taps.end(), [](const Tap& t) { return t.offset == 0; });
+  return ph.r == 0 && ph.count == out_length && centred ? &ph : nullptr;
+}
+
+// Of the calls the patch path serves (the caller's check): float32, NCHW x and output with dense
+// planes, the input's size kept along both axes, and whole chunks of channels per group.
+template <typename scalar_t>
+bool plane_brgemm_serves(const Problem& p, const Axis& ax_h, const Axis& ax_w, const Layout& xl, const Layout& ol) {
+  const int64_t Cin_g = p.Cin / p.groups, plane = p.H * p.W;
+  return std::is_same_v<scalar_t, float> && Cin_g % kPatchChunk == 0 && same_size_phase(ax_h, p.H, p.Ho) &&
+         same_size_phase(ax_w, p.W, p.Wo) && xl.w == 1 && xl.h == p.W && xl.c == plane && ol.w == 1 &&
+         ol.h == p.W && ol.c == plane;
+}
+
+// Per group, per tap in the sums' order, W_tap as [Cout_g][Cin_g]: the brgemms' A.
+inline std::vector<float> pack_plane_weights(const Problem& p, const std::vector<Tap>& taps_h,
+                                             const std::vector<Tap>& taps_w, const float* w, const int64_t* ws) {
+  const int64_t G = p.groups, Cin_g = p.Cin / G, Cout_g = p.Cout / G;
+  std::vector<float> packed(G * static_cast<int64_t>(taps_h.size() * taps_w.size()) * Cout_g * Cin_g);
+  float* dst = packed.data();
+  for (int64_t g = 0; g < G; ++g) {
+    for (const Tap& a : taps_h) {
+      for (const Tap& b : taps_w) {
+        for (int64_t co = 0; co < Cout_g; ++co) {
+          for (int64_t ci = 0; ci < Cin_g; ++ci) {
+            const int64_t row = p.transpose ? (g * Cin_g + ci) * ws[0] + co * ws[1] : (g * Cout_g + co) * ws[0] + ci * ws[1];
+            *dst++ = w[row + a.k * ws[2] + b.k * ws[3]];
+          }
+        }
+      }
+    }
+  }
+  return packed;
+}
+
+// The positions of [q0, q1) whose column c + dw falls outside a row of `width` (dw: a tap's column
+// offset), as runs [lo, hi), one per row.
+template <typename Visit>
+void outside_columns(int64_t q0, int64_t q1, int64_t width, int64_t dw, Visit&& visit) {
+  if (dw == 0 || q0 >= q1) return;
+  for (int64_t row = q0 / width; row * width < q1; ++row) {
+    const int64_t lo = row * width + (dw < 0 ? 0 : std::max<int64_t>(0, width - dw));
+    const int64_t hi = row * width + (dw < 0 ? std::min(-dw, width) : width);
+    if (std::max(lo, q0) < std::min(hi, q1)) visit(std::max(lo, q0), std::min(hi, q1));
+  }
+}
+
+// Positions per task: kPlanePositions, fewer where the tasks would be too few to share among the
+// threads (whole vectors; any split gives the same bits).
+inline int64_t plane_block(int64_t plane, int64_t others, int64_t threads) {
+  const int64_t wanted = (4 * threads + others - 1) / others;
+  int64_t block = kPlanePositions;
+  if (threads > 1 && (plane + block - 1) / block < wanted) block = std::clamp<int64_t>((plane + wanted - 1) / wanted + 15, 16, block) / 16 * 16;
+  return block;
+}
+
+inline void convolve_plane_brgemm(const Problem& p, const Axis& ax_h, const Axis& ax_w, const float* x,
+                                  const Layout& xl, const ConvOperands& o, const float* bias, float* out,
+                                  const Layout& ol) {
+  namespace cpublas = at::native::cpublas;
+  const std::vector<Tap> taps_h = by_offset(ax_h.phases[0].taps), taps_w = by_offset(ax_w.phases[0].taps);
+  const std::vector<float> packed =
+      pack_plane_weights(p, taps_h, taps_w, static_cast<const float*>(o.weight), o.weight_strides);
+  const int64_t G = p.groups, Cin_g = p.Cin / G, Cout_g = p.Cout / G, W = p.W, plane = p.H * p.W;
+  const int64_t taps = static_cast<int64_t>(taps_h.size() * taps_w.size());
+  const int64_t block = plane_block(plane, p.N * G, at::get_num_threads());
+  const int64_t blocks = (plane + block - 1) / block;
+  int64_t widest_shift = 0;
+  for (const Tap& b : taps_w) widest_shift = std::max(widest_shift, std::abs(b.offset));
+  // The kept C values of one tap: the outside columns of a block's rows, for each channel of C.
+  const int64_t kept_per_channel = (block / W + 2) * std::min(widest_shift, W);
+  path_counts().float_brgemm_images += p.N;
+  path_counts().patch_brgemm_images += p.N;
+  path_counts().plane_brgemm_images += p.N;
+  at::parallel_for(0, p.N * G * blocks, 1, [&](int64_t first, int64_t last) {
+    std::vector<float> kept(kPlaneChannels * kept_per_channel);
+    for (int64_t task = first; task < last; ++task) {
+      const int64_t q0 = task % blocks * block, q1 = std::min(plane, q0 + block), g = task / blocks % G;
+      const int64_t n = task / blocks / G;
+      const float* x_group = x + n * xl.n + g * Cin_g * xl.c;
+      for (int64_t co0 = 0; co0 < Cout_g; co0 += kPlaneChannels) {
+        const int64_t rows = std::min(kPlaneChannels, Cout_g - co0);
+        float* c = out + n * ol.n + (g * Cout_g + co0) * ol.c;
+        for (int64_t co = 0; co < rows; ++co) {
+          const float start = bias ? bias[g * Cout_g + co0 + co] : 0.f;
+          for (int64_t q = q0; q < q1; ++q) c[co * ol.c + q] = start;
+        }
+        const float* a_tap = packed.data() + (g * taps * Cout_g + co0) * Cin_g;
+        for (const Tap& th : taps_h) {
+          // The output rows whose input row th reaches.
+          const int64_t row_lo = std::clamp<int64_t>(-th.offset, 0, p.H), row_hi = std::clamp<int64_t>(p.H - th.offset, row_lo, p.H);
+          for (const Tap& tw : taps_w) {
+            const int64_t shift = th.offset * W + tw.offset;
+            const int64_t lo = std::max(std::max(q0, row_lo * W), -shift);
+            const int64_t hi = std::min(std::min(q1, row_hi * W), plane - shift);
+            if (lo < hi) {
+              float* saved = kept.data();
+              outside_columns(lo, hi, W, tw.offset, [&](int64_t s0, int64_t s1) {
+                for (int64_t co = 0; co < rows; ++co) {
+                  for (int64_t s = s0; s < s1; ++s) *saved++ = c[co * ol.c + s];
+                }
+              });
+              for (int64_t ci0 = 0; ci0 < Cin_g; ci0 += kPatchChunk) {
+                cpublas::brgemm(rows, hi - lo, kPatchChunk, Cin_g, xl.c, ol.c, true, a_tap + ci0,
+                                x_group + ci0 * xl.c + lo + shift, c + lo, false);
+              }
+              saved = kept.data();
+              outside_columns(lo, hi, W, tw.offset, [&](int64_t s0, int64_t s1) {
+                for (int64_t co = 0; co < rows; ++co) {
+                  for (int64_t s = s0; s < s1; ++s) c[co * ol.c + s] = *saved++;
+                }
+              });
+            }
+            a_tap += Cout_g * Cin_g;
+          }
+        }
+      }
+    }
+    cpublas::brgemm_release(false);
+  });
+}
+
+#endif
+
+}  // namespace CPU_CAPABILITY
+}  // namespace fuel
