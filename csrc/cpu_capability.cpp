@@ -266,7 +266,7 @@ void bind_cpu_capability(pybind11::module_& m) {
      "wide-kernel brgemm path, the channels_last depthwise kernel and the NCHW depthwise kernel reading x in place (without lines), have computed since import (float_brgemm_images "
      "includes pointwise_brgemm_images, the float32 1x1 channels_last calls read in place; patch_brgemm_images "
      "includes patch_x_in_place_images, the calls whose patches were read from x without staging, and "
-     "plane_brgemm_images, NCHW float32 calls of the input's size computed on x and the output in place).");
+     "plane_brgemm_images, float32 calls of the input's size computed on x and the output in place).");
   m.def("bfloat16_brgemm", [] {
     switch (bfloat16_brgemm_unit()) {
       case Bf16Unit::tiles: return std::string("AMX");

@@ -1,22 +1,25 @@
-"""float32 NCHW convolutions of the input's size at stride 1, on brgemm with x and the output read and
+"""float32 convolutions of the input's size at stride 1, on brgemm with x and the output read and
 written in place (csrc/convolution/plane_brgemm.h).
 
 Of the calls the patch path serves (test_convolution_patch_brgemm.py), float32 ones whose x and
-output are NCHW with dense planes, whose output keeps the input's height and width (stride 1, a
-padding of half the dilated kernel's reach), and whose groups hold whole 64-channel chunks multiply
-W_tap by x's planes in place, straight into the output. A tap's positions run on across rows, so the
-columns it reads past a row's end hold the neighbouring row's elements: the path puts those outputs
-back after the tap. Here:
+output are both NCHW or both channels_last with dense rows, whose output keeps the input's height
+and width (stride 1, a padding of half the dilated kernel's reach), and whose groups hold whole
+64-channel chunks multiply x in place by each tap's weights, straight into the output. A tap's
+positions run on across rows, so the columns it reads past a row's end hold the neighbouring row's
+elements: the path puts those outputs back after the tap. Here:
 
-- values against the float64 reference with float32's claim and twice torch's error, over kernels,
-  dilation, groups, several chunks of input and output channels, rows that one block of positions
-  crosses, taps that reach past a whole row, images of one position, conv_transpose2d at stride 1,
-  and that the path served them (fuel_torch._C.path_counts()["plane_brgemm_images"]);
-- the same bits as the channels_last call (the patch path's own sums), with large values in each
-  row's first and last columns, which a tap that added the neighbouring row's elements would move;
+- values against the float64 reference with float32's claim and twice torch's error, in both
+  layouts, over kernels, dilation, groups, several chunks of input and output channels, rows that
+  one block of positions crosses, taps that reach past a whole row, images of one position,
+  conv_transpose2d at stride 1, and that the path served them
+  (fuel_torch._C.path_counts()["plane_brgemm_images"]);
+- the same bits in both layouts as the patch path's own sums (the call with an NCHW x and a
+  channels_last weight, whose channels_last output this path does not take), with large values in
+  each row's first and last columns, which a tap that added the neighbouring row's elements would move;
 - determinism over calls, thread counts and images;
-- what the path leaves to the others: channels_last, a channel count that is not a whole number of
-  chunks, stride 2, an output larger than x, bfloat16, FUEL_PATCH=0 (read per call).
+- what the path leaves to the others: mixed layouts, a channel count that is not a whole number of
+  chunks, stride 2, an output larger or smaller than x, a 1x1 kernel, bfloat16, FUEL_PATCH=0 (read
+  per call).
 
 Below the AVX2 level (or where torch's brgemm is off) the same tests check the values on whichever
 path serves the call, and that this one does not.
@@ -29,7 +32,7 @@ import torch
 import fuel_torch
 from fuel_torch import reference
 
-from brgemm_cases import brgemm_serves, check_case, check_deterministic
+from brgemm_cases import FORMATS, brgemm_serves, check_case, check_deterministic
 from test_convolution import API, check_values, operands
 
 # (op, n, cin, cout, groups, kernel, spatial, geometry, bias)
@@ -57,9 +60,10 @@ def case_id(case) -> str:
     return f"{case[0]}-{case[2]}x{case[3]}-g{case[4]}-{case[5]}-{case[6]}-{case[7]}"
 
 
+@pytest.mark.parametrize("x_format", FORMATS)
 @pytest.mark.parametrize("case", CASES, ids=case_id)
-def test_values_within_the_contract(case):
-    check_case(case, torch.float32, "contiguous", plane_images, seed=case[2] * case[3] + 3)
+def test_values_within_the_contract(case, x_format):
+    check_case(case, torch.float32, x_format, plane_images, seed=case[2] * case[3] + 3)
 
 
 def edge_heavy_operands(case, seed):
@@ -73,20 +77,21 @@ def edge_heavy_operands(case, seed):
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
-def test_the_bits_of_the_channels_last_call(case):
-    op, geometry = case[0], case[7]
+def test_the_bits_of_the_patch_path(case):
+    op, n, geometry = case[0], case[1], case[7]
     x, w, b = edge_heavy_operands(case, seed=case[3])
     x[0, 0, 0, 0] = float("nan")
+    served = n if brgemm_serves(torch.float32) else 0
     before = plane_images()
     nchw = API[op](x, w, b, **geometry)
-    assert plane_images() - before == (case[1] if brgemm_serves(torch.float32) else 0)
-    x_nhwc = x.contiguous(memory_format=torch.channels_last)
-    nhwc = API[op](x_nhwc, w, b, **geometry)
-    # An image of one position is NCHW in either layout (its strides say both).
-    served = case[1] * (2 if x_nhwc.is_contiguous() else 1)
-    assert plane_images() - before == (served if brgemm_serves(torch.float32) else 0)
+    assert plane_images() - before == served
+    nhwc = API[op](x.contiguous(memory_format=torch.channels_last), w, b, **geometry)
+    assert plane_images() - before == 2 * served
+    # An NCHW x and a channels_last weight make a channels_last output: the patch path's.
+    patch = API[op](x, w.contiguous(memory_format=torch.channels_last), b, **geometry)
+    assert plane_images() - before == 2 * served
     assert nchw.isnan().any() and not nchw.isnan().all()
-    assert reference.bit_equal(nchw, nhwc.contiguous())
+    assert reference.bit_equal(nchw, patch.contiguous()) and reference.bit_equal(nhwc, patch)
 
 
 @pytest.mark.parametrize("case", [CASES[1], CASES[3], CASES[7], CASES[10]], ids=case_id)
@@ -97,12 +102,13 @@ def test_deterministic(case):
 
 # Calls the path leaves to the others (op, cin, cout, kernel, spatial, geometry, dtype, layout).
 DECLINED = [
-    ("conv2d", 64, 32, (3, 3), (9, 8), {"padding": 1}, torch.float32, torch.channels_last),
     ("conv2d", 32, 32, (3, 3), (9, 8), {"padding": 1}, torch.float32, torch.contiguous_format),
     ("conv2d", 96, 32, (3, 3), (9, 8), {"padding": 1}, torch.float32, torch.contiguous_format),
     ("conv2d", 64, 32, (3, 3), (9, 8), {"padding": 1, "stride": 2}, torch.float32, torch.contiguous_format),
-    ("conv2d", 64, 32, (3, 3), (9, 8), {"padding": 2}, torch.float32, torch.contiguous_format),
+    ("conv2d", 64, 32, (3, 3), (9, 8), {"padding": 2}, torch.float32, torch.channels_last),
     ("conv2d", 64, 32, (3, 3), (9, 8), {"padding": (1, 0)}, torch.float32, torch.contiguous_format),
+    ("conv2d", 64, 32, (3, 3), (9, 8), {"padding": 0}, torch.float32, torch.channels_last),
+    ("conv2d", 32, 32, (3, 3), (9, 8), {"padding": 1}, torch.float32, torch.channels_last),
     ("conv2d", 64, 32, (1, 1), (9, 8), {}, torch.float32, torch.contiguous_format),
     ("conv2d", 64, 32, (3, 3), (9, 8), {"padding": 1}, torch.bfloat16, torch.contiguous_format),
     ("conv_transpose2d", 64, 32, (4, 4), (5, 6), {"padding": 1, "stride": 2}, torch.float32,

@@ -61,8 +61,8 @@ void convolve_on_chassis(const Problem& p, const scalar_t* x, const Layout& xl, 
 
 // The brgemm paths where one serves (bfloat16 on AMX or AVX512_BF16, image by image where it
 // computes the contract's sums; float32 on oneDNN's kernel): per block of positions over whole patches
-// (patch_brgemm.h) where that serves (its sums computed on x and the output in place where both are NCHW
-// float32 planes of one size, plane_brgemm.h), else one brgemm per tap (tap_brgemm.h; float32 1x1 channels_last
+// (patch_brgemm.h) where that serves (its float32 sums computed on x and the output in place where
+// the output keeps x's size and layout, plane_brgemm.h), else one brgemm per tap (tap_brgemm.h; float32 1x1 channels_last
 // calls read in place, pointwise_brgemm.h). The chassis for every
 // other call and every image a brgemm path leaves.
 template <typename scalar_t>

@@ -1,7 +1,9 @@
-// float32 NCHW convolutions whose output keeps the input's size, stride 1 (a ResNet 3x3, a dilated
-// 3x3 padded by its dilation, their stride-1 transposes), on torch's brgemm with nothing copied:
-// C[co][q] += sum over ci of W_tap[co][ci] * x[ci][q + shift] (the per-tap path's orientation),
-// where B is x's planes read in place (ldb = a plane) and C is the output itself (ldc = a plane).
+// float32 convolutions whose output keeps the input's size, stride 1 (a ResNet 3x3, a dilated 3x3
+// padded by its dilation, their stride-1 transposes), on torch's brgemm with nothing copied: x is
+// read in place and C is the output itself. NCHW: C[co][q] += sum over ci of W_tap[co][ci] *
+// x[ci][q + shift] (the per-tap path's orientation; B = x's planes, ldb and ldc a plane).
+// channels_last: C[q][co] += sum over ci of x[q + shift][ci] * W_tap[ci][co] (the patch path's; A =
+// x's pixels, lda and ldc a pixel).
 //
 // Positions q = row * W + column run on across rows because the output rows are as long as the
 // input's: a tap shifted by (dh, dw) reads x at q + dh * W + dw. What that reads wrong is the
@@ -10,16 +12,18 @@
 // are kept before the tap and put back after it, so that the tap adds nothing to them.
 //
 // The sums are the patch path's for the calls it serves (patch_brgemm.h), and so those of the same
-// call channels_last: each output starts at its bias, then the taps (rows, then columns, each sorted
+// call in the other layout: each output starts at its bias, then the taps (rows, then columns, each sorted
 // by input offset), each tap's channels in chunks of kPatchChunk (a whole number of them: the patch
 // path cuts its runs every kPatchChunk terms, which then fall on tap boundaries), each chunk summed by
 // oneDNN's kernel from zero and added to C. The patch path adds zeros for a tap in the padding;
 // leaving the tap out gives the same bits, because every output here has a tap in range (the one at
-// offset 0) and a chunk summed from zero is never -0. On a Zen 4 the ResNet 3x3 (4x64x56x56, 1
+// offset 0) and a chunk summed from zero is never -0. On a Zen 4 the NCHW ResNet 3x3 (4x64x56x56, 1
 // thread) spent a tenth of its time staging x and turning C round on the patch path.
 #pragma once
 
 #include <ATen/native/CPUBlas.h>
+
+#include <optional>
 
 #include "axes.h"
 #include "kernel_common.h"
@@ -43,31 +47,46 @@ inline const Phase* same_size_phase(const Axis& ax, int64_t in_length, int64_t o
   return ph.r == 0 && ph.count == out_length && centred ? &ph : nullptr;
 }
 
-// Of the calls the patch path serves (the caller's check): float32, NCHW x and output with dense
-// planes, the input's size kept along both axes, and whole chunks of channels per group.
-template <typename scalar_t>
-bool plane_brgemm_serves(const Problem& p, const Axis& ax_h, const Axis& ax_w, const Layout& xl, const Layout& ol) {
-  const int64_t Cin_g = p.Cin / p.groups, plane = p.H * p.W;
-  return std::is_same_v<scalar_t, float> && Cin_g % kPatchChunk == 0 && same_size_phase(ax_h, p.H, p.Ho) &&
-         same_size_phase(ax_w, p.W, p.Wo) && xl.w == 1 && xl.h == p.W && xl.c == plane && ol.w == 1 &&
-         ol.h == p.W && ol.c == plane;
+// How x and the output lay out a call's positions: NCHW planes (a position's neighbour along the
+// row is the next element) or channels_last (the next pixel); null where this path does not serve
+// the layouts. Either way a row's positions follow the previous row's, which the path relies on.
+enum class PlaneLayout { planes, pixels };
+inline std::optional<PlaneLayout> plane_layout(const Problem& p, const Layout& xl, const Layout& ol) {
+  const int64_t plane = p.H * p.W;
+  if (xl.w == 1 && xl.h == p.W && xl.c == plane && ol.w == 1 && ol.h == p.W && ol.c == plane) return PlaneLayout::planes;
+  if (xl.c == 1 && xl.w == p.Cin && xl.h == p.W * p.Cin && ol.c == 1 && ol.w == p.Cout && ol.h == p.W * p.Cout) {
+    return PlaneLayout::pixels;
+  }
+  return std::nullopt;
 }
 
-// Per group, per tap in the sums' order, W_tap as [Cout_g][Cin_g]: the brgemms' A.
+// Of the calls the patch path serves (the caller's check): float32, x and output both NCHW or both
+// channels_last with dense rows, the input's size kept along both axes, and whole chunks of channels
+// per group.
+template <typename scalar_t>
+bool plane_brgemm_serves(const Problem& p, const Axis& ax_h, const Axis& ax_w, const Layout& xl, const Layout& ol) {
+  return std::is_same_v<scalar_t, float> && (p.Cin / p.groups) % kPatchChunk == 0 && same_size_phase(ax_h, p.H, p.Ho) &&
+         same_size_phase(ax_w, p.W, p.Wo) && plane_layout(p, xl, ol).has_value();
+}
+
+// Per group, per tap in the sums' order, W_tap as brgemm's A, [Cout_g][Cin_g] (planes), or as its
+// B, [Cin_g][Cout_g] (pixels).
 inline std::vector<float> pack_plane_weights(const Problem& p, const std::vector<Tap>& taps_h,
-                                             const std::vector<Tap>& taps_w, const float* w, const int64_t* ws) {
+                                             const std::vector<Tap>& taps_w, PlaneLayout layout, const float* w,
+                                             const int64_t* ws) {
   const int64_t G = p.groups, Cin_g = p.Cin / G, Cout_g = p.Cout / G;
   std::vector<float> packed(G * static_cast<int64_t>(taps_h.size() * taps_w.size()) * Cout_g * Cin_g);
-  float* dst = packed.data();
+  float* tap = packed.data();
   for (int64_t g = 0; g < G; ++g) {
     for (const Tap& a : taps_h) {
       for (const Tap& b : taps_w) {
         for (int64_t co = 0; co < Cout_g; ++co) {
           for (int64_t ci = 0; ci < Cin_g; ++ci) {
             const int64_t row = p.transpose ? (g * Cin_g + ci) * ws[0] + co * ws[1] : (g * Cout_g + co) * ws[0] + ci * ws[1];
-            *dst++ = w[row + a.k * ws[2] + b.k * ws[3]];
+            tap[layout == PlaneLayout::planes ? co * Cin_g + ci : ci * Cout_g + co] = w[row + a.k * ws[2] + b.k * ws[3]];
           }
         }
+        tap += Cout_g * Cin_g;
       }
     }
   }
@@ -99,9 +118,11 @@ inline void convolve_plane_brgemm(const Problem& p, const Axis& ax_h, const Axis
                                   const Layout& xl, const ConvOperands& o, const float* bias, float* out,
                                   const Layout& ol) {
   namespace cpublas = at::native::cpublas;
+  const PlaneLayout layout = *plane_layout(p, xl, ol);
+  const bool planes = layout == PlaneLayout::planes;
   const std::vector<Tap> taps_h = by_offset(ax_h.phases[0].taps), taps_w = by_offset(ax_w.phases[0].taps);
   const std::vector<float> packed =
-      pack_plane_weights(p, taps_h, taps_w, static_cast<const float*>(o.weight), o.weight_strides);
+      pack_plane_weights(p, taps_h, taps_w, layout, static_cast<const float*>(o.weight), o.weight_strides);
   const int64_t G = p.groups, Cin_g = p.Cin / G, Cout_g = p.Cout / G, W = p.W, plane = p.H * p.W;
   const int64_t taps = static_cast<int64_t>(taps_h.size() * taps_w.size());
   const int64_t block = plane_block(plane, p.N * G, at::get_num_threads());
@@ -120,13 +141,22 @@ inline void convolve_plane_brgemm(const Problem& p, const Axis& ax_h, const Axis
       const int64_t n = task / blocks / G;
       const float* x_group = x + n * xl.n + g * Cin_g * xl.c;
       for (int64_t co0 = 0; co0 < Cout_g; co0 += kPlaneChannels) {
-        const int64_t rows = std::min(kPlaneChannels, Cout_g - co0);
+        const int64_t cols = std::min(kPlaneChannels, Cout_g - co0);
+        // C's element (channel co, position q) at c + co * ol.c + q * ol.w, visited along its runs.
         float* c = out + n * ol.n + (g * Cout_g + co0) * ol.c;
-        for (int64_t co = 0; co < rows; ++co) {
-          const float start = bias ? bias[g * Cout_g + co0 + co] : 0.f;
-          for (int64_t q = q0; q < q1; ++q) c[co * ol.c + q] = start;
-        }
-        const float* a_tap = packed.data() + (g * taps * Cout_g + co0) * Cin_g;
+        auto each_output = [&](int64_t s0, int64_t s1, auto&& visit) {
+          if (planes) {
+            for (int64_t co = 0; co < cols; ++co) {
+              for (int64_t s = s0; s < s1; ++s) visit(c[co * ol.c + s], co);
+            }
+            return;
+          }
+          for (int64_t s = s0; s < s1; ++s) {
+            for (int64_t co = 0; co < cols; ++co) visit(c[s * ol.w + co], co);
+          }
+        };
+        each_output(q0, q1, [&](float& v, int64_t co) { v = bias ? bias[g * Cout_g + co0 + co] : 0.f; });
+        const float* w_tap = packed.data() + g * taps * Cout_g * Cin_g;
         for (const Tap& th : taps_h) {
           // The output rows whose input row th reaches.
           const int64_t row_lo = std::clamp<int64_t>(-th.offset, 0, p.H), row_hi = std::clamp<int64_t>(p.H - th.offset, row_lo, p.H);
@@ -137,22 +167,24 @@ inline void convolve_plane_brgemm(const Problem& p, const Axis& ax_h, const Axis
             if (lo < hi) {
               float* saved = kept.data();
               outside_columns(lo, hi, W, tw.offset, [&](int64_t s0, int64_t s1) {
-                for (int64_t co = 0; co < rows; ++co) {
-                  for (int64_t s = s0; s < s1; ++s) *saved++ = c[co * ol.c + s];
-                }
+                each_output(s0, s1, [&](float& v, int64_t) { *saved++ = v; });
               });
               for (int64_t ci0 = 0; ci0 < Cin_g; ci0 += kPatchChunk) {
-                cpublas::brgemm(rows, hi - lo, kPatchChunk, Cin_g, xl.c, ol.c, true, a_tap + ci0,
-                                x_group + ci0 * xl.c + lo + shift, c + lo, false);
+                const float* x_run = x_group + ci0 * xl.c + (lo + shift) * xl.w;
+                if (planes) {
+                  cpublas::brgemm(cols, hi - lo, kPatchChunk, Cin_g, xl.c, ol.c, true, w_tap + co0 * Cin_g + ci0, x_run,
+                                  c + lo, false);
+                } else {
+                  cpublas::brgemm(hi - lo, cols, kPatchChunk, xl.w, Cout_g, ol.w, true, x_run,
+                                  w_tap + ci0 * Cout_g + co0, c + lo * ol.w, false);
+                }
               }
               saved = kept.data();
               outside_columns(lo, hi, W, tw.offset, [&](int64_t s0, int64_t s1) {
-                for (int64_t co = 0; co < rows; ++co) {
-                  for (int64_t s = s0; s < s1; ++s) c[co * ol.c + s] = *saved++;
-                }
+                each_output(s0, s1, [&](float& v, int64_t) { v = *saved++; });
               });
             }
-            a_tap += Cout_g * Cin_g;
+            w_tap += Cout_g * Cin_g;
           }
         }
       }
