@@ -498,3 +498,44 @@ def test_half_bias_gradient_is_one_float32_sum_rounded_once(dtype, memory_format
     ulp = 2.0 ** (torch.floor(torch.log2(grads[0].double().abs())) - (digits - 1))
     bound = ulp / 2 + terms * 2.0**-24 * g.double().abs().sum((0, 2, 3))
     assert ((grads[0].double() - exact).abs() <= bound).all()
+
+
+def lane_order_bias_sum(g: torch.Tensor) -> torch.Tensor:
+    """The bias gradient's order in g's dtype: per channel, lane l sums the positions l, l + 16, ...
+    of each image in turn (images in order), then the 16 lanes are added in order from zero."""
+    n, c, h, w = g.shape
+    flat = g.contiguous().reshape(n, c, h * w)
+    pad = (-(h * w)) % 16
+    flat = torch.cat([flat, flat.new_zeros(n, c, pad)], dim=2)  # +0 leaves a lane as it is
+    lanes = flat.new_zeros(c, 16)
+    for image in range(n):
+        for start in range(0, flat.shape[2], 16):
+            lanes = lanes + flat[image, :, start:start + 16]
+    total = flat.new_zeros(c)
+    for lane in range(16):
+        total = total + lanes[:, lane]
+    return total
+
+
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_float_bias_gradient_sums_position_lanes_in_order(dtype, memory_format):
+    """float32 and float64 bias gradients take the half ones' order in their own type, in either
+    layout (a channels_last gradient is not copied into NCHW first), for every thread count. Values
+    of many magnitudes, so that another order would give other bits."""
+    generator = torch.Generator().manual_seed(53)
+    g = torch.randn(3, 24, 13, 17, generator=generator, dtype=torch.float64)
+    g = (g * torch.exp2(torch.randint(-30, 30, g.shape, generator=generator).double())).to(dtype)
+    expected = lane_order_bias_sum(g)
+    assert not reference.bit_equal(expected, g.sum((0, 2, 3)))  # torch's order gives other bits
+    x = torch.randn(3, 20, 13, 17, generator=generator, dtype=dtype).contiguous(memory_format=memory_format)
+    w = torch.randn(24, 20, 3, 3, generator=generator, dtype=dtype)
+    previous = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            b = torch.zeros(24, dtype=dtype, requires_grad=True)
+            fuel_torch.conv2d(x, w, b, padding=1).backward(g.contiguous(memory_format=memory_format))
+            assert reference.bit_equal(b.grad, expected), threads
+    finally:
+        torch.set_num_threads(previous)
