@@ -323,59 +323,57 @@ Tensor conv2d_weight_grad(const Tensor& x, const Tensor& grad_out, const c10::Sy
   return full.slice_symint(2, 0, kh).slice_symint(3, 0, kw).transpose(0, 1).contiguous();
 }
 
-// The bias gradient: g summed over images and positions, in the forward's accumulator type (halves
-// in float32, rounded once). A contiguous g (NCHW or channels_last) is summed here, in one order for
-// both layouts: per channel, 16 lanes over each image's positions in order (lane = position mod 16),
-// then the lanes in order; threads split channels only. torch's sum widens a half tensor into a float
-// copy first (a third of a bfloat16 ResNet block's backward went there), and orders its terms by the
-// layout, so a channels_last float32 g had to be copied into NCHW for the NCHW call's bits (1 ms a
-// bias of a float32 channels_last ResNet block's backward on a Zen 4). Tensor subclasses, fake and
-// meta tensors (torch.compile's tracing) and other layouts take torch's sum.
+// The bias gradient: g summed over images and positions. Halves are summed in float32 and rounded
+// once, as the forward's accumulator is. torch's sum widens a half tensor into a float copy first
+// (a third of a bfloat16 ResNet block's backward went there), so a contiguous one (NCHW or
+// channels_last) is summed here: per channel, 16 float lanes over each image's positions in order
+// (lane = position mod 16), then the lanes in order; threads split channels only. Tensor
+// subclasses, fake and meta tensors (torch.compile's tracing) take torch's sum.
 constexpr int64_t kBiasLanes = 16;
 
 // The same sums from a channels_last g, whose positions hold their channels side by side: a
 // thread keeps its channels' lanes as [lane][channel] and adds each position's channels into lane
 // (position mod 16), so each (channel, lane) takes the same terms in the same order, and the bits
 // do not depend on the layout.
-template <typename T, typename acc_t>
-void sum_channels_last(const T* src, int64_t N, int64_t C, int64_t HW, int64_t first, int64_t last, acc_t* dst) {
+template <typename T>
+void sum_half_channels_last(const T* src, int64_t N, int64_t C, int64_t HW, int64_t first, int64_t last, float* dst) {
   const int64_t width = last - first;
-  std::vector<acc_t> lanes(kBiasLanes * width, acc_t(0));
+  std::vector<float> lanes(kBiasLanes * width, 0.f);
   for (int64_t n = 0; n < N; ++n) {
     for (int64_t p = 0; p < HW; ++p) {
       const T* channels = src + (n * HW + p) * C + first;
-      acc_t* lane = lanes.data() + p % kBiasLanes * width;
-      for (int64_t c = 0; c < width; ++c) lane[c] += static_cast<acc_t>(channels[c]);
+      float* lane = lanes.data() + p % kBiasLanes * width;
+      for (int64_t c = 0; c < width; ++c) lane[c] += static_cast<float>(channels[c]);
     }
   }
   for (int64_t c = 0; c < width; ++c) {
-    acc_t sum = 0;
+    float sum = 0.f;
     for (int64_t l = 0; l < kBiasLanes; ++l) sum += lanes[l * width + c];
     dst[first + c] = sum;
   }
 }
 
-template <typename T, typename acc_t>
-Tensor sum_channels(const Tensor& g) {
+template <typename T>
+Tensor sum_half_channels(const Tensor& g) {
   const int64_t N = g.size(0), C = g.size(1), HW = g.size(2) * g.size(3);
-  Tensor total = at::empty({C}, g.options().dtype(c10::CppTypeToScalarType<acc_t>::value));
+  Tensor total = at::empty({C}, g.options().dtype(at::kFloat));
   const T* src = g.const_data_ptr<T>();
-  acc_t* dst = total.mutable_data_ptr<acc_t>();
+  float* dst = total.mutable_data_ptr<float>();
   const bool channels_last = !g.is_contiguous();
   at::parallel_for(0, C, channels_last ? 16 : 1, [&](int64_t first, int64_t last) {
-    if (channels_last) return sum_channels_last(src, N, C, HW, first, last, dst);
+    if (channels_last) return sum_half_channels_last(src, N, C, HW, first, last, dst);
     for (int64_t c = first; c < last; ++c) {
-      acc_t lanes[kBiasLanes] = {};
+      float lanes[kBiasLanes] = {};
       for (int64_t n = 0; n < N; ++n) {
         const T* run = src + (n * C + c) * HW;
         int64_t j = 0;
         for (; j + kBiasLanes <= HW; j += kBiasLanes) {
-          for (int64_t l = 0; l < kBiasLanes; ++l) lanes[l] += static_cast<acc_t>(run[j + l]);
+          for (int64_t l = 0; l < kBiasLanes; ++l) lanes[l] += static_cast<float>(run[j + l]);
         }
-        for (int64_t l = 0; j + l < HW; ++l) lanes[l] += static_cast<acc_t>(run[j + l]);
+        for (int64_t l = 0; j + l < HW; ++l) lanes[l] += static_cast<float>(run[j + l]);
       }
-      acc_t sum = 0;
-      for (acc_t lane : lanes) sum += lane;
+      float sum = 0.f;
+      for (float lane : lanes) sum += lane;
       dst[c] = sum;
     }
   });
@@ -383,17 +381,15 @@ Tensor sum_channels(const Tensor& g) {
 }
 
 Tensor bias_grad(const Tensor& g) {
-  if (at::isTensorSubclassLike(g) || !g.is_cpu() || g.dim() != 4 ||
+  const at::ScalarType dtype = g.scalar_type();
+  const bool half = dtype == at::kBFloat16 || dtype == at::kHalf;
+  if (!half || at::isTensorSubclassLike(g) || !g.is_cpu() || g.dim() != 4 ||
       !(g.is_contiguous() || g.is_contiguous(at::MemoryFormat::ChannelsLast))) {
+    // torch's sum orders its terms by the layout: summed from NCHW, a channels_last g gets the bits
+    // an NCHW one does.
     return dense(g).sum(at::IntArrayRef{0, 2, 3});
   }
-  switch (g.scalar_type()) {
-    case at::kFloat: return sum_channels<float, float>(g);
-    case at::kDouble: return sum_channels<double, double>(g);
-    case at::kBFloat16: return sum_channels<at::BFloat16, float>(g);
-    case at::kHalf: return sum_channels<at::Half, float>(g);
-    default: return dense(g).sum(at::IntArrayRef{0, 2, 3});
-  }
+  return dtype == at::kBFloat16 ? sum_half_channels<at::BFloat16>(g) : sum_half_channels<at::Half>(g);
 }
 
 // conv_transpose2d's output length without output_padding, for input length `in`.

@@ -35,16 +35,16 @@ namespace CPU_CAPABILITY {
 
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
 
-constexpr int64_t kPlanePositions = 128;  // positions per brgemm: its N
-constexpr int64_t kPlaneChannels = 64;    // output channels per brgemm: its M
+constexpr int64_t kPlanePositions = 128;  // positions per brgemm (at most; N for planes, M for pixels)
+constexpr int64_t kPlaneChannels = 64;    // output channels per brgemm (at most; M for planes, N for pixels)
 
-// The axis's one phase, where it steps by 1 in and out, keeps the input's length and has a tap at
-// offset 0; else null.
-inline const Phase* same_size_phase(const Axis& ax, int64_t in_length, int64_t out_length) {
-  if (ax.in_step != 1 || ax.out_step != 1 || ax.phases.size() != 1 || in_length != out_length) return nullptr;
+// Whether the axis is one phase that steps by 1 in and out, keeps the input's length and has a tap
+// at offset 0 (which every output then has in range).
+inline bool keeps_size(const Axis& ax, int64_t in_length, int64_t out_length) {
+  if (ax.in_step != 1 || ax.out_step != 1 || ax.phases.size() != 1 || in_length != out_length) return false;
   const Phase& ph = ax.phases[0];
   const bool centred = std::any_of(ph.taps.begin(), ph.taps.end(), [](const Tap& t) { return t.offset == 0; });
-  return ph.r == 0 && ph.count == out_length && centred ? &ph : nullptr;
+  return ph.r == 0 && ph.count == out_length && centred;
 }
 
 // How x and the output lay out a call's positions: NCHW planes (a position's neighbour along the
@@ -65,8 +65,8 @@ inline std::optional<PlaneLayout> plane_layout(const Problem& p, const Layout& x
 // per group.
 template <typename scalar_t>
 bool plane_brgemm_serves(const Problem& p, const Axis& ax_h, const Axis& ax_w, const Layout& xl, const Layout& ol) {
-  return std::is_same_v<scalar_t, float> && (p.Cin / p.groups) % kPatchChunk == 0 && same_size_phase(ax_h, p.H, p.Ho) &&
-         same_size_phase(ax_w, p.W, p.Wo) && plane_layout(p, xl, ol).has_value();
+  return std::is_same_v<scalar_t, float> && (p.Cin / p.groups) % kPatchChunk == 0 && keeps_size(ax_h, p.H, p.Ho) &&
+         keeps_size(ax_w, p.W, p.Wo) && plane_layout(p, xl, ol).has_value();
 }
 
 // Per group, per tap in the sums' order, W_tap as brgemm's A, [Cout_g][Cin_g] (planes), or as its
