@@ -25,6 +25,14 @@ namespace CPU_CAPABILITY {
 
 using at::vec::Vectorized;
 
+// Where weight element (input channel ci, output channel co of group g) of kernel row 0, column 0
+// lies, for weight strides ws: conv2d's weight is [Cout][Cin/groups][kh][kw], conv_transpose2d's
+// [Cin][Cout/groups][kh][kw].
+inline int64_t weight_offset(const Problem& p, const int64_t* ws, int64_t g, int64_t ci, int64_t co) {
+  const int64_t Cin_g = p.Cin / p.groups, Cout_g = p.Cout / p.groups;
+  return p.transpose ? (g * Cin_g + ci) * ws[0] + co * ws[1] : (g * Cout_g + co) * ws[0] + ci * ws[1];
+}
+
 // The summation order every kernel keeps (see contracts/convolution.fkc.md, Arithmetic).
 constexpr int64_t kBlock = 32;             // taps per fused multiply-add chain
 constexpr int64_t kTapChunk = 256;         // taps per chunk (a multiple of kBlock)

@@ -82,8 +82,8 @@ inline std::vector<float> pack_plane_weights(const Problem& p, const std::vector
       for (const Tap& b : taps_w) {
         for (int64_t co = 0; co < Cout_g; ++co) {
           for (int64_t ci = 0; ci < Cin_g; ++ci) {
-            const int64_t row = p.transpose ? (g * Cin_g + ci) * ws[0] + co * ws[1] : (g * Cout_g + co) * ws[0] + ci * ws[1];
-            tap[layout == PlaneLayout::planes ? co * Cin_g + ci : ci * Cout_g + co] = w[row + a.k * ws[2] + b.k * ws[3]];
+            tap[layout == PlaneLayout::planes ? co * Cin_g + ci : ci * Cout_g + co] =
+                w[weight_offset(p, ws, g, ci, co) + a.k * ws[2] + b.k * ws[3]];
           }
         }
         tap += Cout_g * Cin_g;
@@ -105,15 +105,6 @@ void outside_columns(int64_t q0, int64_t q1, int64_t width, int64_t dw, Visit&& 
   }
 }
 
-// Positions per task: kPlanePositions, fewer where the tasks would be too few to share among the
-// threads (whole vectors; any split gives the same bits).
-inline int64_t plane_block(int64_t plane, int64_t others, int64_t threads) {
-  const int64_t wanted = (4 * threads + others - 1) / others;
-  int64_t block = kPlanePositions;
-  if (threads > 1 && (plane + block - 1) / block < wanted) block = std::clamp<int64_t>((plane + wanted - 1) / wanted + 15, 16, block) / 16 * 16;
-  return block;
-}
-
 inline void convolve_plane_brgemm(const Problem& p, const Axis& ax_h, const Axis& ax_w, const float* x,
                                   const Layout& xl, const ConvOperands& o, const float* bias, float* out,
                                   const Layout& ol) {
@@ -125,7 +116,8 @@ inline void convolve_plane_brgemm(const Problem& p, const Axis& ax_h, const Axis
       pack_plane_weights(p, taps_h, taps_w, layout, static_cast<const float*>(o.weight), o.weight_strides);
   const int64_t G = p.groups, Cin_g = p.Cin / G, Cout_g = p.Cout / G, W = p.W, plane = p.H * p.W;
   const int64_t taps = static_cast<int64_t>(taps_h.size() * taps_w.size());
-  const int64_t block = plane_block(plane, p.N * G, at::get_num_threads());
+  // Any split of the positions gives the same bits.
+  const int64_t block = rows_for_threads(kPlanePositions, plane, p.N * G, at::get_num_threads());
   const int64_t blocks = (plane + block - 1) / block;
   int64_t widest_shift = 0;
   for (const Tap& b : taps_w) widest_shift = std::max(widest_shift, std::abs(b.offset));

@@ -273,9 +273,7 @@ TapWeights<T> pack_tap_weights(const Problem& p, const Axis& ax_h, const Axis& a
             T* dst = tw.data.data() + t++ * tw.matrix;
             for (int64_t co = 0; co < Cout_g; ++co) {
               for (int64_t ci = 0; ci < Cin_g; ++ci) {
-                const int64_t row = p.transpose ? (g * Cin_g + ci) * ws[0] + co * ws[1]
-                                                : (g * Cout_g + co) * ws[0] + ci * ws[1];
-                dst[co * K + ci] = w[row + a.k * ws[2] + b.k * ws[3]];
+                dst[co * K + ci] = w[weight_offset(p, ws, g, ci, co) + a.k * ws[2] + b.k * ws[3]];
               }
             }
           }
