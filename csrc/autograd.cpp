@@ -21,8 +21,6 @@
 // - The .out overloads: like torch's out= functions they have no autograd; with grad mode on and an argument that
 //   requires grad they raise, instead of returning a result cut off from the graph.
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
-#include <ATen/TensorSubclassLikeUtils.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/autograd/function.h>
@@ -94,12 +92,17 @@ bool requires_grad(const std::optional<Tensor>& t) { return t.has_value() && req
 template <typename T> bool requires_grad(const T&) { return false; }
 
 template <typename... Args>
-void refuse_forward_ad(const std::string_view op, const Args&... args) {
+void refuse_forward_ad_in(const std::string_view library, const std::string_view op, const Args&... args) {
   if ((has_tangent(args) || ...)) {
-    TORCH_CHECK(false, "fuel::", op, ": forward-mode AD (torch.autograd.forward_ad, torch.func.jvp) is not supported: "
-                "the op registers a backward formula only. Use reverse mode (backward, torch.autograd.grad), or the "
-                "torch op for forward-mode derivatives.");
+    TORCH_CHECK(false, library, "::", op, ": forward-mode AD (torch.autograd.forward_ad, torch.func.jvp) is not "
+                "supported: the op registers a backward formula only. Use reverse mode (backward, "
+                "torch.autograd.grad), or the torch op for forward-mode derivatives.");
   }
+}
+
+template <typename... Args>
+void refuse_forward_ad(const std::string_view op, const Args&... args) {
+  refuse_forward_ad_in("fuel", op, args...);
 }
 
 // Incoming gradients can be expanded (the backward of sum) or strided; our kernels take neither.
@@ -323,73 +326,11 @@ Tensor conv2d_weight_grad(const Tensor& x, const Tensor& grad_out, const c10::Sy
   return full.slice_symint(2, 0, kh).slice_symint(3, 0, kw).transpose(0, 1).contiguous();
 }
 
-// The bias gradient: g summed over images and positions. Halves are summed in float32 and rounded
-// once, as the forward's accumulator is. torch's sum widens a half tensor into a float copy first
-// (a third of a bfloat16 ResNet block's backward went there), so a contiguous one (NCHW or
-// channels_last) is summed here: per channel, 16 float lanes over each image's positions in order
-// (lane = position mod 16), then the lanes in order; threads split channels only. Tensor
-// subclasses, fake and meta tensors (torch.compile's tracing) take torch's sum.
-constexpr int64_t kBiasLanes = 16;
-
-// The same sums from a channels_last g, whose positions hold their channels side by side: a
-// thread keeps its channels' lanes as [lane][channel] and adds each position's channels into lane
-// (position mod 16), so each (channel, lane) takes the same terms in the same order, and the bits
-// do not depend on the layout.
-template <typename T>
-void sum_half_channels_last(const T* src, int64_t N, int64_t C, int64_t HW, int64_t first, int64_t last, float* dst) {
-  const int64_t width = last - first;
-  std::vector<float> lanes(kBiasLanes * width, 0.f);
-  for (int64_t n = 0; n < N; ++n) {
-    for (int64_t p = 0; p < HW; ++p) {
-      const T* channels = src + (n * HW + p) * C + first;
-      float* lane = lanes.data() + p % kBiasLanes * width;
-      for (int64_t c = 0; c < width; ++c) lane[c] += static_cast<float>(channels[c]);
-    }
-  }
-  for (int64_t c = 0; c < width; ++c) {
-    float sum = 0.f;
-    for (int64_t l = 0; l < kBiasLanes; ++l) sum += lanes[l * width + c];
-    dst[first + c] = sum;
-  }
-}
-
-template <typename T>
-Tensor sum_half_channels(const Tensor& g) {
-  const int64_t N = g.size(0), C = g.size(1), HW = g.size(2) * g.size(3);
-  Tensor total = at::empty({C}, g.options().dtype(at::kFloat));
-  const T* src = g.const_data_ptr<T>();
-  float* dst = total.mutable_data_ptr<float>();
-  const bool channels_last = !g.is_contiguous();
-  at::parallel_for(0, C, channels_last ? 16 : 1, [&](int64_t first, int64_t last) {
-    if (channels_last) return sum_half_channels_last(src, N, C, HW, first, last, dst);
-    for (int64_t c = first; c < last; ++c) {
-      float lanes[kBiasLanes] = {};
-      for (int64_t n = 0; n < N; ++n) {
-        const T* run = src + (n * C + c) * HW;
-        int64_t j = 0;
-        for (; j + kBiasLanes <= HW; j += kBiasLanes) {
-          for (int64_t l = 0; l < kBiasLanes; ++l) lanes[l] += static_cast<float>(run[j + l]);
-        }
-        for (int64_t l = 0; j + l < HW; ++l) lanes[l] += static_cast<float>(run[j + l]);
-      }
-      float sum = 0.f;
-      for (float lane : lanes) sum += lane;
-      dst[c] = sum;
-    }
-  });
-  return total.to(g.scalar_type());
-}
-
+// The bias gradient, by our own op (csrc/convolution/bias_grad.cpp): a fixed order that does not
+// depend on the layout, and recorded as itself when torch.compile traces the backward.
 Tensor bias_grad(const Tensor& g) {
-  const at::ScalarType dtype = g.scalar_type();
-  const bool half = dtype == at::kBFloat16 || dtype == at::kHalf;
-  if (!half || at::isTensorSubclassLike(g) || !g.is_cpu() || g.dim() != 4 ||
-      !(g.is_contiguous() || g.is_contiguous(at::MemoryFormat::ChannelsLast))) {
-    // torch's sum orders its terms by the layout: summed from NCHW, a channels_last g gets the bits
-    // an NCHW one does.
-    return dense(g).sum(at::IntArrayRef{0, 2, 3});
-  }
-  return dtype == at::kBFloat16 ? sum_half_channels<at::BFloat16>(g) : sum_half_channels<at::Half>(g);
+  static const auto op = fuel_op<Tensor(const Tensor&)>("fuel_backward::conv_bias_grad");
+  return op.call(g);
 }
 
 // conv_transpose2d's output length without output_padding, for input length `in`.
@@ -498,6 +439,39 @@ Tensor conv_transpose2d_autograd(c10::DispatchKeySet keys, const Tensor& x, cons
   });
 }
 
+// fuel_backward::conv_bias_grad is differentiable too (double backward of a biased conv): its
+// gradient spreads each channel's incoming value over every image and position, as sum's does.
+struct BiasGradBackward : Node {
+  std::vector<c10::SymInt> sizes;
+
+  std::string name() const override { return "fuel_backward::conv_bias_grad_backward"; }
+
+  variable_list apply(variable_list&& grads) override {
+    variable_list result(1);
+    if (grads[0].defined() && task_should_compute_output(0)) {
+      result[0] = grads[0].reshape_symint({1, sizes[1], 1, 1}).expand_symint(sizes);
+    }
+    return result;
+  }
+};
+
+Tensor bias_grad_autograd(c10::DispatchKeySet keys, const Tensor& grad) {
+  static const auto op = fuel_op<Tensor(const Tensor&)>("fuel_backward::conv_bias_grad");
+  refuse_forward_ad_in("fuel_backward", "conv_bias_grad", grad);
+  c10::intrusive_ptr<BiasGradBackward> grad_fn;
+  if (torch::autograd::compute_requires_grad(grad)) {
+    grad_fn = c10::make_intrusive<BiasGradBackward>();
+    grad_fn->set_next_edges(torch::autograd::collect_next_edges(grad));
+    grad_fn->sizes = grad.sym_sizes().vec();
+  }
+  Tensor result = [&] {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return op.redispatch(keys & c10::after_autograd_keyset, grad);
+  }();
+  if (grad_fn) torch::autograd::set_history(result, grad_fn);
+  return result;
+}
+
 using OptionalTensor = const std::optional<Tensor>&;
 
 }  // namespace
@@ -519,5 +493,7 @@ TORCH_LIBRARY_IMPL(fuel, Autograd, m) {
          TORCH_FN((out_autograd<ConvTranspose2d, const Tensor&, const Tensor&, OptionalTensor, at::IntArrayRef,
                                 at::IntArrayRef, at::IntArrayRef, int64_t, at::IntArrayRef, Tensor&>)));
 }
+
+TORCH_LIBRARY_IMPL(fuel_backward, Autograd, m) { m.impl("conv_bias_grad", TORCH_FN(bias_grad_autograd)); }
 
 }  // namespace fuel

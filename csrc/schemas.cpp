@@ -30,3 +30,9 @@ TORCH_LIBRARY(fuel, m) {
         "int[2] output_padding=0, int groups=1, int[2] dilation=1, *, Tensor(a!) out) -> Tensor(a!)",
         {at::Tag::out});
 }
+
+// What the backward nodes (csrc/autograd.cpp) call besides the fuel ops: not user API, and outside
+// the contracts. An op rather than a function so that torch.compile records it in a backward graph.
+TORCH_LIBRARY(fuel_backward, m) {
+  m.def("conv_bias_grad(Tensor grad) -> Tensor");
+}

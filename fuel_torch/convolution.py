@@ -84,6 +84,19 @@ def _register_fakes() -> None:
     torch.library.register_fake("fuel::conv_transpose2d", transpose_fake)
     torch.library.register_fake("fuel::conv_transpose2d.out", transpose_out_fake)
 
+    def bias_grad_fake(grad):
+        # The kernel's own checks (csrc/convolution/bias_grad.cpp), so a trace fails as eager does.
+        op = "fuel_backward::conv_bias_grad"
+        torch._check(grad.dim() == 4, lambda: f"{op}: argument 'grad' must be 4-d [N, C, H, W] (a convolution's "
+                     f"output gradient); got {grad.dim()}-d. Fix: pass the gradient of a conv2d or conv_transpose2d "
+                     "output.")
+        torch._check(grad.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16),
+                     lambda: f"{op}: argument 'grad' must be float32, float64, bfloat16 or float16; got "
+                     f"{grad.dtype}. Fix: convert it to one of those.")
+        return grad.new_empty(grad.shape[1])
+
+    torch.library.register_fake("fuel_backward::conv_bias_grad", bias_grad_fake)
+
 
 _register_fakes()
 

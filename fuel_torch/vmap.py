@@ -10,6 +10,7 @@ the op's own dimensions instead, so the kernel sees one fresh contiguous operand
 - convolution with the weight or bias batched: the batch folds into groups. Sample b's channels become
   groups b*groups .. (b+1)*groups - 1 of one grouped convolution (x's channels repeated per sample when x
   is unbatched), and its output channels come out as [N, B*Cout, Ho, Wo].
+- the bias gradient (fuel_backward::conv_bias_grad, in a vmapped backward): the batch folds into channels.
 
 Each output element is the same sum, in the same order, as in a per-sample call (the kernels' reduction
 order depends only on the group's geometry), so vmap gives the per-sample results bit for bit.
@@ -95,11 +96,22 @@ def _conv_rule(op: str, transpose: bool):
     return rule
 
 
+def _bias_grad_rule(info, in_dims, grad):
+    """The batch folds into channels ([B, N, C, H, W] -> [N, B*C, H, W]): each channel's sum keeps its
+    terms and order, so every sample's bias gradient has its own call's bits."""
+    (grad_dim,) = in_dims
+    torch.ops.fuel_backward.conv_bias_grad.default(_sample(grad, grad_dim))
+    grad = grad.movedim(grad_dim, 1)                                  # [N, B, C, H, W]
+    folded = grad.reshape(grad.shape[0], -1, *grad.shape[3:]).contiguous()
+    return torch.ops.fuel_backward.conv_bias_grad.default(folded).reshape(info.batch_size, -1), 0
+
+
 def _register() -> None:
     for op in elementwise.OPS:
         torch.library.register_vmap(f"fuel::{op}", _elementwise_rule(op))
     torch.library.register_vmap("fuel::conv2d", _conv_rule("conv2d", transpose=False))
     torch.library.register_vmap("fuel::conv_transpose2d", _conv_rule("conv_transpose2d", transpose=True))
+    torch.library.register_vmap("fuel_backward::conv_bias_grad", _bias_grad_rule)
 
 
 _register()

@@ -12,6 +12,7 @@ import torch
 import torch.autograd.forward_ad as forward_ad
 import torch.nn.functional as TF
 from torch.autograd import gradcheck, gradgradcheck
+from torch.library import opcheck
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import fuel_torch
@@ -418,7 +419,7 @@ def test_channels_last_gradients_keep_their_layout_and_bits(op, w_shape, geometr
     """A channels_last call's incoming gradient is used as it arrives, not copied into NCHW (the
     input gradient's convolution reads it channels_last), the input gradient comes back
     channels_last, as torch's does, and every gradient has the bits the NCHW call gets (the bias's
-    too, where torch's sum, whose order follows the layout, takes it)."""
+    too: fuel_backward::conv_bias_grad sums in the same order from either layout)."""
     adjoint = "fuel.conv_transpose2d.default" if op == "conv2d" else "fuel.conv2d.default"
     generator = torch.Generator().manual_seed(3)
     x = torch.randn(2, 6, 9, 11, generator=generator).to(dtype)
@@ -446,37 +447,50 @@ def test_channels_last_gradients_keep_their_layout_and_bits(op, w_shape, geometr
         assert reference.bit_equal(nchw, nhwc), name
 
 
-@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last], ids=str)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_half_bias_gradient_sums_position_lanes_in_order(dtype, memory_format):
-    """The half bias gradient's order, in either layout: lane (position mod 16) sums its positions in
-    order, then the lanes are added in order. Per channel, lanes 0-13 each hold 2^10 (position l)
-    and -2^10 (position l + 16); lane 14 holds 1 (position 14) and half the dtype's ulp at 1
-    (position 30), lane 15 holds 2^-20 (position 15). The float32 sum then sits 2^-20 above the
-    rounding midpoint between 1 and the next half, and rounds up. Summed in one running sum, or in
-    lanes of another width, 2^-20 meets some 2^10 and is lost, and the midpoint rounds to 1."""
-    half_ulp = 2.0**-8 if dtype == torch.bfloat16 else 2.0**-11
+def lane_order_case(dtype, memory_format):
+    """(x, w, g, expected): a 1x1 conv of ones whose bias gradient is `expected` only when summed in
+    fuel_backward::conv_bias_grad's order: lane (position mod 16) sums its positions in order in the
+    accumulator (float64 for float64, float32 otherwise), then the lanes are added in order.
+
+    Per channel, lanes 0-13 each hold `big` (position l) and -big (position l + 16); lane 14 holds 1
+    (position 14) and, for a half, half the dtype's ulp at 1 (position 30); lane 15 holds 2^-20
+    (position 15). Summed in lanes, 2^-20 survives: 1 + 2^-20, and for a half the float32 sum sits
+    2^-20 above the rounding midpoint between 1 and the next half and rounds up once. Summed in one
+    running sum, or in lanes of another width, 2^-20 meets some `big` (below its ulp in the
+    accumulator) and is lost."""
+    half = dtype in (torch.bfloat16, torch.float16)
+    half_ulp = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}.get(dtype, 0.0)
+    big = 2.0**40 if dtype == torch.float64 else 2.0**10
     values = {14: 1.0, 30: half_ulp, 15: 2.0**-20}
     for lane in range(14):
-        values[lane], values[lane + 16] = 2.0**10, -(2.0**10)
+        values[lane], values[lane + 16] = big, -big
     g = torch.zeros(1, 16, 4, 8, dtype=torch.float64)
     for position, value in values.items():
         g[:, :, position // 8, position % 8] = value
     g = g.to(dtype).contiguous(memory_format=memory_format)
     x = torch.ones(1, 3, 4, 8, dtype=dtype).contiguous(memory_format=memory_format)
     w = torch.ones(16, 3, 1, 1, dtype=dtype).contiguous(memory_format=memory_format)
-    b = torch.zeros(16, dtype=dtype, requires_grad=True)
-    fuel_torch.conv2d(x, w, b).backward(g)
-    assert torch.equal(b.grad, torch.full((16,), 1 + 2 * half_ulp, dtype=dtype))
+    expected = torch.full((16,), 1 + 2 * half_ulp if half else 1 + 2.0**-20, dtype=dtype)
+    return x, w, g, expected
 
 
 @pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last], ids=str)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_half_bias_gradient_is_one_float32_sum_rounded_once(dtype, memory_format):
-    """A half conv's bias gradient sums the incoming gradient over images and positions in float32
-    and rounds once (an NCHW or channels_last gradient in fuel's own loop, others in torch's sum):
-    within half an ulp of the exact sum plus the float32 summation bound, and the same bits for
-    every thread count."""
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_bias_gradient_sums_position_lanes_in_order(dtype, memory_format):
+    """The bias gradient's order, in either layout (see lane_order_case)."""
+    x, w, g, expected = lane_order_case(dtype, memory_format)
+    b = torch.zeros(16, dtype=dtype, requires_grad=True)
+    fuel_torch.conv2d(x, w, b).backward(g)
+    assert torch.equal(b.grad, expected)
+
+
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last], ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_bias_gradient_is_one_sum_rounded_once(dtype, memory_format):
+    """A conv's bias gradient sums the incoming gradient over images and positions in the
+    accumulator (float32, float64 for float64) and a half rounds once: within half an ulp (halves)
+    of the exact sum plus the accumulator's summation bound, and the same bits for every thread
+    count."""
     generator = torch.Generator().manual_seed(47)
     x = torch.randn(3, 20, 13, 17, generator=generator).to(dtype)
     w = torch.randn(24, 20, 3, 3, generator=generator).to(dtype)
@@ -494,7 +508,56 @@ def test_half_bias_gradient_is_one_float32_sum_rounded_once(dtype, memory_format
     assert all(reference.bit_equal(grad, grads[0]) for grad in grads)
     exact = g.double().sum((0, 2, 3))
     terms = 3 * 13 * 17
-    digits = 8 if dtype == torch.bfloat16 else 11
-    ulp = 2.0 ** (torch.floor(torch.log2(grads[0].double().abs())) - (digits - 1))
-    bound = ulp / 2 + terms * 2.0**-24 * g.double().abs().sum((0, 2, 3))
+    digits = {torch.bfloat16: 8, torch.float16: 11}.get(dtype)
+    rounding = 2.0 ** (torch.floor(torch.log2(grads[0].double().abs())) - (digits - 1)) / 2 if digits else 0.0
+    epsilon = 2.0**-53 if dtype == torch.float64 else 2.0**-24
+    bound = rounding + terms * epsilon * g.double().abs().sum((0, 2, 3))
     assert ((grads[0].double() - exact).abs() <= bound).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_bias_gradient_op_takes_any_layout_and_refuses_bad_calls(dtype):
+    """fuel_backward::conv_bias_grad called directly: dense rows in either layout are read in place,
+    other layouts (strided, expanded, offset) give the same sums as their dense copy, empty
+    dimensions give zeros, and a wrong rank, dtype or device is an error naming the op, never a
+    crash."""
+    op = torch.ops.fuel_backward.conv_bias_grad
+    generator = torch.Generator().manual_seed(11)
+    g = torch.randn(2, 5, 6, 7, generator=generator).to(dtype)
+    expected = op(g)
+    assert expected.dtype == dtype and expected.shape == (5,)
+    for other in (g.contiguous(memory_format=torch.channels_last),
+                  torch.randn(2, 5, 6, 14, generator=generator).to(dtype)[..., ::2].copy_(g),
+                  torch.empty(3, 5, 6, 7, dtype=dtype)[1:].copy_(g)):
+        assert reference.bit_equal(op(other), expected)
+    expanded = torch.randn(1, 5, 1, 1, generator=generator).to(dtype).expand(2, 5, 6, 7)
+    assert reference.bit_equal(op(expanded), op(expanded.contiguous()))
+    assert torch.equal(op(torch.empty(0, 5, 6, 7, dtype=dtype)), torch.zeros(5, dtype=dtype))
+    assert op(torch.empty(2, 0, 6, 7, dtype=dtype)).shape == (0,)
+    with pytest.raises(RuntimeError, match=r"^fuel_backward::conv_bias_grad: argument 'grad' must be 4-d .* got 3-d"):
+        op(g[0])
+    with pytest.raises(RuntimeError, match=r"^fuel_backward::conv_bias_grad: argument 'grad' must be float32.* got "
+                                           r"torch.int64"):
+        op(torch.ones(2, 5, 6, 7, dtype=torch.long))
+
+
+def test_bias_gradient_op_opcheck_and_double_backward():
+    """The op's fake kernel, autograd kernel (its gradient spreads each channel's value over the
+    positions, as sum's does) and AOT dispatch, checked by opcheck; gradgradcheck through a biased
+    conv takes this path."""
+    generator = torch.Generator().manual_seed(13)
+    for dtype in DTYPES:
+        for memory_format in (torch.contiguous_format, torch.channels_last):
+            for requires_grad in (False, True):
+                g = torch.randn(2, 5, 3, 4, generator=generator).to(dtype).contiguous(memory_format=memory_format)
+                result = opcheck(torch.ops.fuel_backward.conv_bias_grad.default, (g.requires_grad_(requires_grad),),
+                                 test_utils="ALL")
+                assert set(result.values()) == {"SUCCESS"}, result
+    g = torch.randn(2, 3, 4, 5, generator=generator, dtype=torch.float64, requires_grad=True)
+    assert gradcheck(torch.ops.fuel_backward.conv_bias_grad, (g,))
+    gg = torch.randn(3, generator=generator, dtype=torch.float64)
+    (spread,) = torch.autograd.grad(torch.ops.fuel_backward.conv_bias_grad(g), g, gg)
+    assert torch.equal(spread, gg.view(1, 3, 1, 1).expand(2, 3, 4, 5))
+    with pytest.raises(RuntimeError, match=r"^fuel_backward::conv_bias_grad: forward-mode AD"):
+        with forward_ad.dual_level():
+            torch.ops.fuel_backward.conv_bias_grad(forward_ad.make_dual(g.detach(), torch.ones_like(g)))

@@ -15,6 +15,7 @@ from torch.library import opcheck
 
 import fuel_torch
 from fuel_torch import elementwise
+from test_autograd import lane_order_case
 
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
@@ -150,6 +151,41 @@ def test_compile_fullgraph_matches_eager_and_batch_changes_do_not_recompile(name
         x = torch.randn(batch, *shape, generator=torch.Generator().manual_seed(batch))
         assert_same(forward_backward(compiled, x), forward_backward(model, x))
     assert counter.graphs == 1
+
+
+@pytest.mark.parametrize("memory_format", (torch.contiguous_format, torch.channels_last), ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_compiled_training_step_has_the_eager_bits(dtype, memory_format):
+    """Every gradient of a compiled step equals the eager one bit for bit, in every dtype and both
+    layouts: the backward graph records our ops themselves (the bias gradient too, as
+    fuel_backward::conv_bias_grad), not torch ops whose order could differ from ours."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    # Convolutions only (the elementwise ops take NCHW-contiguous operands), each with a bias.
+    model = torch.nn.Sequential(fuel_torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                                fuel_torch.nn.Conv2d(8, 8, 3, stride=2, padding=1, groups=2), torch.nn.ReLU(),
+                                fuel_torch.nn.ConvTranspose2d(8, 3, 3, stride=2, padding=1, output_padding=1))
+    model = model.to(dtype=dtype, memory_format=memory_format)
+    x = torch.randn(2, 3, 8, 6, generator=torch.Generator().manual_seed(1)).to(dtype)
+    x = x.contiguous(memory_format=memory_format)
+    counter = Counter()
+    compiled = torch.compile(model, backend=counter, fullgraph=True)
+    assert_same(forward_backward(compiled, x), forward_backward(model, x))
+    assert counter.graphs == 1
+
+
+@pytest.mark.parametrize("memory_format", (torch.contiguous_format, torch.channels_last), ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_compiled_bias_gradient_is_summed_in_fuels_order(dtype, memory_format):
+    """A compiled backward sums the bias gradient with fuel_backward::conv_bias_grad, as eager does,
+    not with torch's sum (whose order differs): the gradient built so that only fuel's order gives
+    `expected` (test_autograd.lane_order_case)."""
+    x, w, g, expected = lane_order_case(dtype, memory_format)
+    torch._dynamo.reset()
+    compiled = torch.compile(torch.ops.fuel.conv2d, backend=Counter(), fullgraph=True)
+    b = torch.zeros(16, dtype=dtype, requires_grad=True)
+    compiled(x, w, b).backward(g)
+    assert torch.equal(b.grad, expected)
 
 
 def test_inductor_runs_fuel_conv_ops_with_list_arguments():

@@ -177,6 +177,21 @@ def test_conv_vmap_matches_per_sample_calls_and_torch(name, batched, dtype):
     torch.testing.assert_close(ours.double(), theirs, **CONV_TOLERANCE[dtype])
 
 
+@pytest.mark.parametrize("name", CONV)
+def test_vmap_of_conv_grad_gives_per_sample_gradients(name):
+    """Per-sample gradients (vmap over grad, batch folded into the calls) equal one grad call per
+    sample bit for bit, the bias gradient's op (fuel_backward::conv_bias_grad) included."""
+    xb, w, b = conv_operands(name, batch=3)
+    w, b = w[0].clone(), b[0].clone()
+    ours = conv_call(name, True)
+    loss = lambda x, w, b: ours(x, w, b).square().sum()  # noqa: E731
+    per_sample = torch.vmap(torch.func.grad(loss, argnums=(1, 2)), in_dims=(0, None, None))(xb, w, b)
+    for i in range(3):
+        expected = torch.func.grad(loss, argnums=(1, 2))(xb[i].clone(), w, b)
+        for got, want in zip(per_sample, expected, strict=True):
+            assert torch.equal(got[i], want)
+
+
 def test_conv_vmap_batch_not_in_front_and_bad_sample_rank():
     x, w, b = conv_operands("conv2d", batch=2)
     ours = torch.vmap(conv_call("conv2d", True), in_dims=(2, None, None))(x.movedim(0, 2), w[0].clone(), b[0].clone())

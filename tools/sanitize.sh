@@ -28,7 +28,9 @@ bounded=(tests/test_elementwise_parity.py
          "tests/test_convolution.py::test_empty_input_rows_read_only_padding"
          "tests/test_convolution.py::test_out_overload_overwrites_every_element"
          "tests/test_convolution.py::test_integer_valued_inputs_are_exact"
-         "tests/test_convolution.py::test_deterministic_across_calls_and_threads")
+         "tests/test_convolution.py::test_deterministic_across_calls_and_threads"
+         "tests/test_autograd.py::test_bias_gradient_sums_position_lanes_in_order"
+         "tests/test_autograd.py::test_bias_gradient_op_takes_any_layout_and_refuses_bad_calls")
 if [[ "${1:-}" == "--bounded" ]]; then
   shift
   set -- "${bounded[@]}" "$@"

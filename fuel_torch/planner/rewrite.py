@@ -155,7 +155,8 @@ def conv2d_weight_grad(emit: Emitter, x: torch.fx.Node, grad: torch.fx.Node, ker
 
 def convolution_backward(emit: Emitter, node: torch.fx.Node, match: Match) -> dict[int, torch.fx.Node]:
     """aten.convolution_backward split as csrc/autograd.cpp computes it: the input gradient is the other
-    convolution, the weight gradient one fuel conv2d (conv2d_weight_grad), the bias gradient a sum (torch's)."""
+    convolution, the weight gradient one fuel conv2d (conv2d_weight_grad), the bias gradient our sum
+    (fuel_backward::conv_bias_grad), so a planned backward has eager fuel's bits."""
     grad, x, weight = (materialize(emit, o, match.out, []) for o in match.operands)
     p = match.params
     stride, padding, dilation, groups, mask = p["stride"], p["padding"], p["dilation"], p["groups"], p["mask"]
@@ -178,7 +179,7 @@ def convolution_backward(emit: Emitter, node: torch.fx.Node, match: Match) -> di
         image, out_grad = (x, grad) if not p["transposed"] else (grad, x)
         results[1] = conv2d_weight_grad(emit, image, out_grad, kernel, stride, padding, dilation, groups)
     if mask[2]:
-        results[2] = emit(aten.sum.dim_IntList, (grad, [0, 2, 3]))
+        results[2] = emit(torch.ops.fuel_backward.conv_bias_grad.default, (grad,))
     return results
 
 

@@ -1,0 +1,109 @@
+// fuel_backward::conv_bias_grad, the bias gradient of fuel::conv2d and fuel::conv_transpose2d: the
+// incoming gradient summed over images and positions, per channel.
+//
+// An op of its own (not torch's sum inside the backward node) for two reasons:
+// - Its order is ours and fixed: per channel, 16 lanes in the accumulator type (float32 for float32
+//   and the halves, float64 for float64), lane = position mod 16 over each image's positions,
+//   images in order, then the lanes added in order; halves round once at the end. The same terms
+//   meet in the same order from an NCHW or a channels_last gradient and for every thread count
+//   (threads split channels only). torch's sum follows the layout, so a channels_last gradient had
+//   to be copied into NCHW first, and a half one was widened into a float32 copy.
+// - torch.compile records the op itself in the backward graph (its fake kernel is in
+//   fuel_torch/convolution.py), so a compiled backward runs this kernel and gets the eager bits.
+//
+// Not user API and outside the contracts: the backward node calls it on a gradient it made dense.
+// It still checks what it reads, so a direct call with anything else gets an error, not a crash.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <vector>
+
+#include "../contract_rules.h"
+
+namespace fuel {
+namespace {
+
+using at::Tensor;
+
+constexpr int64_t kLanes = 16;
+
+// A channels_last gradient holds each position's channels side by side: a thread keeps its
+// channels' lanes as [lane][channel] and adds each position's channels into lane (position mod 16),
+// so each (channel, lane) takes the terms the NCHW loop gives it, in the same order.
+template <typename T, typename Acc>
+void sum_channels_last(const T* src, int64_t N, int64_t C, int64_t HW, int64_t first, int64_t last, Acc* dst) {
+  const int64_t width = last - first;
+  std::vector<Acc> lanes(kLanes * width, Acc(0));
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t p = 0; p < HW; ++p) {
+      const T* channels = src + (n * HW + p) * C + first;
+      Acc* lane = lanes.data() + p % kLanes * width;
+      for (int64_t c = 0; c < width; ++c) lane[c] += static_cast<Acc>(channels[c]);
+    }
+  }
+  for (int64_t c = 0; c < width; ++c) {
+    Acc sum(0);
+    for (int64_t l = 0; l < kLanes; ++l) sum += lanes[l * width + c];
+    dst[first + c] = sum;
+  }
+}
+
+template <typename T, typename Acc>
+void sum_channels_first(const T* src, int64_t N, int64_t C, int64_t HW, int64_t first, int64_t last, Acc* dst) {
+  for (int64_t c = first; c < last; ++c) {
+    Acc lanes[kLanes] = {};
+    for (int64_t n = 0; n < N; ++n) {
+      const T* run = src + (n * C + c) * HW;
+      int64_t j = 0;
+      for (; j + kLanes <= HW; j += kLanes) {
+        for (int64_t l = 0; l < kLanes; ++l) lanes[l] += static_cast<Acc>(run[j + l]);
+      }
+      for (int64_t l = 0; j + l < HW; ++l) lanes[l] += static_cast<Acc>(run[j + l]);
+    }
+    Acc sum(0);
+    for (Acc lane : lanes) sum += lane;
+    dst[c] = sum;
+  }
+}
+
+template <typename T>
+Tensor sum_channels(const Tensor& g) {
+  using Acc = at::opmath_type<T>;
+  const int64_t N = g.size(0), C = g.size(1), HW = g.size(2) * g.size(3);
+  Tensor total = at::empty({C}, g.options().dtype(c10::CppTypeToScalarType<Acc>::value));
+  const T* src = g.const_data_ptr<T>();
+  Acc* dst = total.mutable_data_ptr<Acc>();
+  const bool channels_last = !g.is_contiguous();
+  // A channels_last thread wants a run of channels wide enough to fill its vector adds.
+  at::parallel_for(0, C, channels_last ? 16 : 1, [&](int64_t first, int64_t last) {
+    if (channels_last) return sum_channels_last(src, N, C, HW, first, last, dst);
+    sum_channels_first(src, N, C, HW, first, last, dst);
+  });
+  return total.scalar_type() == g.scalar_type() ? total : total.to(g.scalar_type());
+}
+
+Tensor conv_bias_grad(const Tensor& grad) {
+  constexpr const char* op = "fuel_backward::conv_bias_grad";
+  TORCH_CHECK(grad.device().is_cpu(), op, ": argument 'grad' must be a CPU tensor; got one on ", grad.device(),
+              ". Fix: move it to the CPU.");
+  TORCH_CHECK(grad.dim() == 4, op, ": argument 'grad' must be 4-d [N, C, H, W] (a convolution's output gradient); "
+              "got ", grad.dim(), "-d. Fix: pass the gradient of a conv2d or conv_transpose2d output.");
+  const at::ScalarType dtype = grad.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16 || dtype == at::kHalf, op,
+              ": argument 'grad' must be float32, float64, bfloat16 or float16; got ", dtype_str(dtype),
+              ". Fix: convert it to one of those.");
+  // Dense rows in either layout are read in place; anything else (strided, expanded) is copied.
+  const bool dense = grad.is_contiguous() || grad.is_contiguous(at::MemoryFormat::ChannelsLast);
+  const Tensor g = dense ? grad : grad.contiguous();
+  return AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, "conv_bias_grad",
+                                         [&] { return sum_channels<scalar_t>(g); });
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fuel_backward, CPU, m) { m.impl("conv_bias_grad", TORCH_FN(conv_bias_grad)); }
+
+}  // namespace fuel
