@@ -305,6 +305,40 @@ def test_offset_operand_is_materialized(no_calibration):
     assert d.chosen == "fuel" and "layout.start_offset" in d.reason and len(d.contiguized) == 1
 
 
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
+def test_planned_backward_sums_the_bias_gradient_as_eager_fuel_does(no_calibration, dtype):
+    """The rewritten convolution_backward takes the bias gradient from fuel_backward::conv_bias_grad,
+    the op fuel's own autograd calls: a planned bias gradient has eager fuel's bits, where torch's sum
+    would order its terms otherwise."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    eager, twin = _twins(Block, dtype)
+    compiled = _compile(twin, route="all")
+    x = torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(2)).to(dtype)
+    grad = torch.randn(x.shape, generator=torch.Generator().manual_seed(3)).to(dtype)
+    compiled(x).backward(grad)  # compiles the backward graph (traced with fake tensors) ...
+    twin.zero_grad(set_to_none=True)
+    out = compiled(x)
+    with Ops() as ops:  # ... which this backward runs
+        out.backward(grad)
+    assert ops.seen.count(torch.ops.fuel_backward.conv_bias_grad.default) == 2
+    fuel_model = Block()
+    fuel_model.conv1, fuel_model.conv2 = (fuel_torch.nn.Conv2d(4, 4, 3, padding=1).to(dtype) for _ in range(2))
+    fuel_model.load_state_dict(eager.state_dict())
+    fuel_model(x).backward(grad)
+    for name in ("conv1", "conv2"):
+        assert torch.equal(getattr(twin, name).bias.grad, getattr(fuel_model, name).bias.grad), name
+
+
 def test_no_grad_inference(no_calibration):
     eager, twin = _twins(UNet, torch.float64)
     compiled = _compile(twin, route="all")
