@@ -9,11 +9,12 @@
 // The formulas are torch 2.13's own (tools/autograd/derivatives.yaml and FunctionsManual.cpp), in the same
 // operation order, with our kernels wherever one exists. Backward calls the fuel ops through the dispatcher, so
 // a backward pass is itself recorded by these kernels and differentiates again (double backward). Torch supplies
-// only what we have no kernel for: where/masked_fill, neg, log, floor division, sums and layout changes.
+// only what we have no kernel for: where/masked_fill, neg, log, floor division and layout changes.
 //
 // Convolution: conv2d and conv_transpose2d are each other's adjoint, so each one's input gradient is the other
 // op; a weight gradient is a grouped conv2d in which the batch becomes the reduction (see conv2d_weight_grad); a
-// bias gradient is a sum. Sizes are read as SymInts, so AOTAutograd can trace the backward with dynamic shapes.
+// bias gradient is our sum, fuel_backward::conv_bias_grad (csrc/convolution/bias_grad.cpp), with an autograd
+// kernel of its own below. Sizes are read as SymInts, so AOTAutograd can trace the backward with dynamic shapes.
 //
 // Two things a backward formula alone would get silently wrong, and these kernels turn into errors:
 // - Forward-mode AD: there is no forward formula, and a dual tensor would pass through the op with its tangent
