@@ -5,6 +5,8 @@ Oracles: the same transform of the matching torch op (torch.add, F.conv2d, ...):
 convolutions (different but each correctly ordered sums). vmap results must also equal per-sample calls of the
 fuel op itself bit for bit: the batching rules fold the batch into one call without changing any sum.
 """
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as TF
@@ -180,12 +182,16 @@ def test_conv_vmap_matches_per_sample_calls_and_torch(name, batched, dtype):
 @pytest.mark.parametrize("name", CONV)
 def test_vmap_of_conv_grad_gives_per_sample_gradients(name):
     """Per-sample gradients (vmap over grad, batch folded into the calls) equal one grad call per
-    sample bit for bit, the bias gradient's op (fuel_backward::conv_bias_grad) included."""
+    sample bit for bit, the bias gradient's op (fuel_backward::conv_bias_grad) included, and every
+    op on the way has a batching rule (no per-sample fallback warning)."""
     xb, w, b = conv_operands(name, batch=3)
     w, b = w[0].clone(), b[0].clone()
     ours = conv_call(name, True)
     loss = lambda x, w, b: ours(x, w, b).square().sum()  # noqa: E731
-    per_sample = torch.vmap(torch.func.grad(loss, argnums=(1, 2)), in_dims=(0, None, None))(xb, w, b)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        per_sample = torch.vmap(torch.func.grad(loss, argnums=(1, 2)), in_dims=(0, None, None))(xb, w, b)
+    assert not [m for m in caught if "batching rule" in str(m.message)]
     for i in range(3):
         expected = torch.func.grad(loss, argnums=(1, 2))(xb[i].clone(), w, b)
         for got, want in zip(per_sample, expected, strict=True):

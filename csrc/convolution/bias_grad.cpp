@@ -12,7 +12,8 @@
 //   fuel_torch/convolution.py), so a compiled backward runs this kernel and gets the eager bits.
 //
 // Not user API and outside the contracts: the backward node calls it on a gradient it made dense.
-// It still checks what it reads, so a direct call with anything else gets an error, not a crash.
+// It still checks what it reads (the dispatcher sends it CPU tensors only), so a direct call with
+// anything else gets an error, not a crash.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
@@ -87,8 +88,6 @@ Tensor sum_channels(const Tensor& g) {
 
 Tensor conv_bias_grad(const Tensor& grad) {
   constexpr const char* op = "fuel_backward::conv_bias_grad";
-  TORCH_CHECK(grad.device().is_cpu(), op, ": argument 'grad' must be a CPU tensor; got one on ", grad.device(),
-              ". Fix: move it to the CPU.");
   TORCH_CHECK(grad.dim() == 4, op, ": argument 'grad' must be 4-d [N, C, H, W] (a convolution's output gradient); "
               "got ", grad.dim(), "-d. Fix: pass the gradient of a conv2d or conv_transpose2d output.");
   const at::ScalarType dtype = grad.scalar_type();
