@@ -137,18 +137,21 @@ def test_autograd_weight_gradient_within_the_bound(dtype):
         assert found["max_ulp"] <= 1 and found["bound_ok"], found
 
 
+@pytest.mark.parametrize("cout, size", [(24, 20), (40, 16), (16, 37)], ids=lambda v: str(v))
 @pytest.mark.parametrize("memory_format", FORMATS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_autograd_reads_x_and_the_gradient_in_place_with_the_conv2d_bits(dtype, memory_format):
+def test_autograd_reads_x_and_the_gradient_in_place_with_the_conv2d_bits(dtype, memory_format, cout, size):
     """Without double backward, the weight gradient runs the wide brgemm path on x and grad_out with
     their images and channels swapped through the strides (register.cpp, weight_grad_on_brgemm):
     the same bits as the conv2d of the swapped copies, which double backward (and any call the path
-    does not serve) computes; one served call each."""
+    does not serve) computes; one served call each. channels_last, the gradient's rows are turned
+    16 x 16 (20 columns: a tile and one overlapping it; 16: one; 37: two and one), 16 output
+    channels at a time (24 and 40: the rows past the last 16 row by row)."""
     generator = torch.Generator().manual_seed(53)
     fmt = FORMATS[memory_format]
-    x = torch.randn(4, 32, 20, 20, generator=generator).to(dtype).contiguous(memory_format=fmt)
-    w = torch.randn(24, 32, 3, 3, generator=generator).to(dtype).requires_grad_()
-    g = torch.randn(4, 24, 20, 20, generator=generator).to(dtype).contiguous(memory_format=fmt)
+    x = torch.randn(4, 32, size, size, generator=generator).to(dtype).contiguous(memory_format=fmt)
+    w = torch.randn(cout, 32, 3, 3, generator=generator).to(dtype).requires_grad_()
+    g = torch.randn(4, cout, size, size, generator=generator).to(dtype).contiguous(memory_format=fmt)
     before = served_calls()
     fuel_torch.conv2d(x, w, None, padding=1).backward(g)
     assert served_calls() - before == int(path_serves(dtype))
