@@ -121,17 +121,12 @@ void fill_image_rows(const Problem& p, const Grid& g, int64_t c, const scalar_t*
     zero(xs + s_hi * N, (row_end(r) - s_hi) * N);
   }
   int64_t tiled = 0;  // images staged by tiles
-  if (xl.n == 1) {
-    // x channels_last: its "images" (the real channels) already innermost, so a row is copied as
-    // it lies (element by element, a ResNet 3x3's channels_last weight gradient spent a tenth of
-    // its time here).
+  if (xl.n == 1 && xl.w == N) {
+    // x channels_last: its "images" (the real channels) lie innermost already and a row of x is a
+    // row of X_c, copied as it lies. Element by element, this and fill_channel's gather of a
+    // channels_last gradient took a fifth of a ResNet 3x3's channels_last bfloat16 weight gradient.
     for (int64_t r = r0; r < r1; ++r) {
-      if (!holds_x(r)) continue;
-      if (xl.w == N) {
-        copy_run(source(r, 0, 0), dest(r, 0), p.W * N);
-      } else {
-        for (int64_t iw = 0; iw < p.W; ++iw) copy_run(source(r, 0, iw), dest(r, iw), N);
-      }
+      if (holds_x(r)) copy_run(source(r, 0, 0), dest(r, 0), p.W * N);
     }
     return;
   }
@@ -195,8 +190,8 @@ void fill_channel(const Problem& p, const Grid& g, int64_t c, const scalar_t* x,
   const int64_t N = p.N;
   // A_c: kernel row kh at q = kh * Wp, zeros between rows and past the last one. A channels_last
   // "weight" (the output gradient, its channels innermost) is turned round 16 x 16 at a time, 16
-  // rows of A per task; element by element it took a ResNet 3x3's channels_last weight gradient a
-  // tenth of its time. Other layouts, and the rows past the last 16, row by row.
+  // rows of A per task, not gathered element by element (see fill_image_rows). Other layouts, and
+  // the rows past the last 16, row by row.
   const int64_t tiled_rows = turns_tiles<scalar_t>() && ws[0] == 1 && p.Kw >= 16 ? p.Cout / 16 * 16 : 0;
   const int64_t units = tiled_rows / 16 + (p.Cout - tiled_rows);
   at::parallel_for(0, units, 1, [&](int64_t first, int64_t last) {
