@@ -832,6 +832,41 @@ def test_channels_last_depthwise_with_a_tall_reach_runs_along_the_channels(dtype
     assert reference.bit_equal(ours.contiguous(), fuel_torch.conv2d(x, w, b, **geometry))
 
 
+# (channels, kernel, spatial, padding, dilation, bias): 3x3 as a depthwise input gradient, a 7x7
+# (49 taps: two blocks of the sum), dilation, asymmetric and zero padding, one channel.
+DEPTHWISE_TRANSPOSE_CASES = [
+    (24, (3, 3), (9, 13), (1, 1), (1, 1), True),
+    (16, (7, 7), (12, 10), (3, 3), (1, 1), False),
+    (40, (3, 5), (11, 8), (2, 1), (2, 1), True),
+    (17, (5, 3), (6, 9), (0, 2), (1, 2), True),
+    (1, (3, 3), (5, 7), (1, 0), (1, 1), True),
+]
+
+
+@pytest.mark.parametrize("x_format", FORMATS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", DEPTHWISE_TRANSPOSE_CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[3]}-{c[4]}")
+def test_depthwise_transpose_is_the_turned_kernels_depthwise_conv2d(case, dtype, x_format):
+    """A depthwise conv_transpose2d at stride 1 runs as the depthwise conv2d with the kernel turned by
+    180 degrees and padded by dilation * (kernel - 1) - padding (contracts/convolution.fkc.md,
+    Arithmetic): the same bits in both layouts and for a channels_last weight, within the contract
+    against the float64 reference. With a stride or an output padding it stays on its own path."""
+    channels, kernel, spatial, padding, dilation, bias = case
+    generator = torch.Generator().manual_seed(channels + kernel[0])
+    x, w, b = operands("conv_transpose2d", 2, channels, channels, channels, kernel, spatial, bias, dtype, generator)
+    geometry = dict(padding=padding, dilation=dilation, groups=channels)
+    turned_padding = tuple(d * (k - 1) - p for d, k, p in zip(dilation, kernel, padding))
+    expected = fuel_torch.conv2d(x, w.flip(2, 3).contiguous(), b, padding=turned_padding, dilation=dilation,
+                                 groups=channels)
+    check_values("conv_transpose2d", fuel_torch.conv_transpose2d(x, w, b, **geometry).contiguous(), x, w, b, geometry)
+    for w_format in FORMATS.values():
+        ours = fuel_torch.conv_transpose2d(x.contiguous(memory_format=FORMATS[x_format]),
+                                           w.contiguous(memory_format=w_format), b, **geometry)
+        assert reference.bit_equal(ours.contiguous(), expected)
+    strided = dict(geometry, stride=2, output_padding=1)
+    check_values("conv_transpose2d", fuel_torch.conv_transpose2d(x, w, b, **strided).contiguous(), x, w, b, strided)
+
+
 @pytest.mark.parametrize("op", OPS)
 def test_channels_last_fake_kernel_layout(op):
     case = next(c for c in LAYOUT_CASES if c[0] == op)
