@@ -115,9 +115,10 @@ bool wide_brgemm_if_served(const Problem& p, const ConvOperands& o) {
 
 // A depthwise conv_transpose2d at stride 1 (each channel its own group, one output channel each, no
 // output padding) is the depthwise conv2d of the same input with the kernel turned by 180 degrees,
-// padded by dilation * (K - 1) - padding: output (oh, ow) takes the same products, and the
-// depthwise kernel adds them in the same order, by input offset. Such calls are the input gradients
-// of depthwise convolutions; on the chassis a channels_last 4x128x56x56 3x3 one took 5.0 ms at 1
+// padded by dilation * (K - 1) - padding: output (oh, ow) takes the same products. The depthwise
+// kernel adds them by input offset, the reverse of the transposed conv's tap order, so these calls
+// keep that order (contracts/convolution.fkc.md, Arithmetic). They are the input gradients of
+// depthwise convolutions; on the chassis a channels_last 4x128x56x56 3x3 one took 5.0 ms at 1
 // thread (float32, Zen 4), ten times the forward conv.
 inline std::optional<Problem> transpose_as_depthwise(const Problem& p) {
   if (!p.transpose || p.groups != p.Cin || p.Cout != p.Cin || p.Cin == 0) return std::nullopt;
