@@ -309,10 +309,14 @@ Tensor conv2d_weight_grad(const Tensor& x, const Tensor& grad_out, const c10::Sy
   const auto n = x.sym_size(0), c_in = x.sym_size(1);
   const auto c_out = grad_out.sym_size(1);
   if (n == 0) return at::zeros_symint({c_out, c_in / groups, kh, kw}, x.options());
-  // Without a graph to record (no double backward), the brgemm path reads x and grad_out in place.
+  // Without a graph to record (no double backward), the brgemm and depthwise paths read x and grad_out in place.
   const std::optional<int64_t> kh_int = kh.maybe_as_int(), kw_int = kw.maybe_as_int();
-  if (groups == 1 && !at::GradMode::is_enabled() && kh_int && kw_int) {
-    if (auto dw = weight_grad_on_brgemm(x, grad_out, *kh_int, *kw_int, stride, padding, dilation)) return *dw;
+  if (!at::GradMode::is_enabled() && kh_int && kw_int) {
+    if (groups == 1) {
+      if (auto dw = weight_grad_on_brgemm(x, grad_out, *kh_int, *kw_int, stride, padding, dilation)) return *dw;
+    } else if (c_in == groups && c_out == groups) {
+      if (auto dw = weight_grad_depthwise(x, grad_out, *kh_int, *kw_int, stride, padding, dilation)) return *dw;
+    }
   }
   // Built with cat rather than as a reshape-permute-reshape view: inductor (torch 2.13) crashes on a
   // view with symbolic strides that the partitioner saves from the forward graph (dynamic=True training).

@@ -261,9 +261,10 @@ void bind_cpu_capability(pybind11::module_& m) {
                                           {"wide_brgemm_calls", c.wide_brgemm_calls.load()},
                                           {"pointwise_brgemm_images", c.pointwise_brgemm_images.load()},
                                           {"depthwise_channels_last_calls", c.depthwise_channels_last_calls.load()},
-                                          {"depthwise_in_place_calls", c.depthwise_in_place_calls.load()}};
+                                          {"depthwise_in_place_calls", c.depthwise_in_place_calls.load()},
+                                          {"depthwise_weight_grad_calls", c.depthwise_weight_grad_calls.load()}};
   }, "How many images the bfloat16 and float32 per-tap brgemm paths and the patch path, and how many calls the "
-     "wide-kernel brgemm path, the channels_last depthwise kernel and the NCHW depthwise kernel reading x in place (without lines), have computed since import (float_brgemm_images "
+     "wide-kernel brgemm path, the channels_last depthwise kernel, the NCHW depthwise kernel reading x in place (without lines) and the depthwise weight gradient read in place have computed since import (float_brgemm_images "
      "includes pointwise_brgemm_images, the float32 1x1 channels_last calls read in place; patch_brgemm_images "
      "includes patch_x_in_place_images, the calls whose patches were read from x without staging, and "
      "plane_brgemm_images, float32 calls of the input's size computed on x and the output in place).");

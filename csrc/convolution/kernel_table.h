@@ -17,9 +17,16 @@ using ConvolutionKernel = void (*)(const Problem& p, const ConvOperands& operand
 // did. The weight gradient calls it with the real tensors in swapped layouts (weight_grad.cpp).
 using WideBrgemmKernel = bool (*)(const Problem& p, const ConvOperands& operands);
 
+// A depthwise conv2d's weight gradient (p: the forward call) from x and the output gradient read in
+// place, into a contiguous [C][1][Kh][Kw], where that path serves p (depthwise_weight_grad.h); says
+// whether it did.
+using DepthwiseWeightGradKernel = bool (*)(const Problem& p, const void* x, const Layout& x_layout,
+                                           const void* grad_out, const Layout& grad_layout, void* dw);
+
 struct ConvolutionKernels {
   std::array<ConvolutionKernel, 4> convolve;            // float, double, BFloat16, Half
   std::array<WideBrgemmKernel, 4> wide_brgemm_if_served;  // the same order
+  std::array<DepthwiseWeightGradKernel, 4> depthwise_weight_grad;  // the same order
 };
 
 // Where torch's brgemm runs bfloat16 for us (cpu_capability.cpp): the AMX tile unit, AVX512_BF16
@@ -42,6 +49,7 @@ struct PathCounts {
   std::atomic<int64_t> pointwise_brgemm_images{0};  // float32 1x1 channels_last images (pointwise_brgemm.h), also in float_brgemm_images
   std::atomic<int64_t> depthwise_channels_last_calls{0};  // depthwise calls along the channels (depthwise.h)
   std::atomic<int64_t> depthwise_in_place_calls{0};  // NCHW depthwise calls reading x without lines (depthwise.h)
+  std::atomic<int64_t> depthwise_weight_grad_calls{0};  // depthwise weight gradients read in place (depthwise_weight_grad.h)
 };
 PathCounts& path_counts();
 

@@ -23,6 +23,13 @@ FUEL_DECLARE_KERNELS(ConvolutionKernels, convolution_kernels)
 namespace {
 
 
+// Real CPU tensors only (fake ones, under torch.compile, have no data), each one dense block (the
+// bfloat16 brgemm's exponent scan reads the whole block).
+bool plain_operand(const at::Tensor& t) {
+  return !at::isTensorSubclassLike(t) && t.is_cpu() && t.layout() == at::kStrided && t.dim() == 4 &&
+         t.is_non_overlapping_and_dense();
+}
+
 Layout layout_of(const at::Tensor& t) {
   return {t.stride(0), t.stride(1), t.stride(2), t.stride(3)};
 }
@@ -105,13 +112,7 @@ std::optional<at::Tensor> weight_grad_on_brgemm(const at::Tensor& x, const at::T
                                                 at::IntArrayRef stride, at::IntArrayRef padding,
                                                 at::IntArrayRef dilation) {
   const at::ScalarType dtype = x.scalar_type();
-  // Real CPU tensors only (fake ones, under torch.compile, have no data), each one dense block: the
-  // exponent scan reads the whole block.
-  auto plain = [](const at::Tensor& t) {
-    return !at::isTensorSubclassLike(t) && t.is_cpu() && t.layout() == at::kStrided && t.dim() == 4 &&
-           t.is_non_overlapping_and_dense();
-  };
-  if (!plain(x) || !plain(grad_out) || (dtype != at::kFloat && dtype != at::kBFloat16) || grad_out.scalar_type() != dtype ||
+  if (!plain_operand(x) || !plain_operand(grad_out) || (dtype != at::kFloat && dtype != at::kBFloat16) || grad_out.scalar_type() != dtype ||
       stride.size() != 2 || padding.size() != 2 || dilation.size() != 2) {
     return std::nullopt;
   }
@@ -140,6 +141,37 @@ std::optional<at::Tensor> weight_grad_on_brgemm(const at::Tensor& x, const at::T
   o.out = dw.mutable_data_ptr();
   o.out_layout = {dw.stride(1), dw.stride(0), dw.stride(2), dw.stride(3)};
   if (!FUEL_KERNELS_FOR_CPU(convolution_kernels).wide_brgemm_if_served[kernel_dtype_slot(dtype)](p, o)) {
+    return std::nullopt;
+  }
+  return dw;
+}
+
+std::optional<at::Tensor> weight_grad_depthwise(const at::Tensor& x, const at::Tensor& grad_out, int64_t kh, int64_t kw,
+                                                at::IntArrayRef stride, at::IntArrayRef padding,
+                                                at::IntArrayRef dilation) {
+  const at::ScalarType dtype = x.scalar_type();
+  const bool kernel_dtype = dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16 || dtype == at::kHalf;
+  if (!plain_operand(x) || !plain_operand(grad_out) || !kernel_dtype || grad_out.scalar_type() != dtype ||
+      stride.size() != 2 || padding.size() != 2 || dilation.size() != 2) {
+    return std::nullopt;
+  }
+  Problem p;
+  p.N = x.size(0), p.Cin = p.Cout = p.groups = x.size(1), p.H = x.size(2), p.W = x.size(3);
+  p.Kh = kh, p.Kw = kw, p.Ho = grad_out.size(2), p.Wo = grad_out.size(3);
+  for (int i = 0; i < 2; ++i) p.stride[i] = stride[i], p.padding[i] = padding[i], p.dilation[i] = dilation[i];
+  // The gradient must be that of this geometry's output (autograd passes one), with sane parameters.
+  for (int i = 0; i < 2; ++i) {
+    const int64_t in = i == 0 ? p.H : p.W, k = i == 0 ? kh : kw, out = i == 0 ? p.Ho : p.Wo;
+    if (stride[i] < 1 || dilation[i] < 1 || padding[i] < 0 || k < 1 ||
+        in + 2 * padding[i] - dilation[i] * (k - 1) - 1 < 0 ||
+        (in + 2 * padding[i] - dilation[i] * (k - 1) - 1) / stride[i] + 1 != out) {
+      return std::nullopt;
+    }
+  }
+  if (grad_out.size(0) != p.N || grad_out.size(1) != p.Cin) return std::nullopt;
+  at::Tensor dw = at::empty({p.Cin, 1, kh, kw}, x.options());
+  if (!FUEL_KERNELS_FOR_CPU(convolution_kernels).depthwise_weight_grad[kernel_dtype_slot(dtype)](
+          p, x.const_data_ptr(), layout_of(x), grad_out.const_data_ptr(), layout_of(grad_out), dw.mutable_data_ptr())) {
     return std::nullopt;
   }
   return dw;
