@@ -9,12 +9,13 @@ and shows each side's median and ours / torch (below 1: ours is faster), with th
 ratio of a single repeat ("per repeat": how far the machine's noise moved it). Each table starts with the
 machine line (CPU model, capability levels, threads). Rows: the issue's table (ResNet 3x3, the 7x7/2
 stem forward and its transpose, 1x1, depthwise, grouped), dilated, transposed upsampling (k4 s2), the
-single small conv (call and packing overhead), and a training step: forward + backward (input,
-weight and bias gradients) of a ResNet basic block, our convs through fuel_torch.nn against torch's.
+single small conv (call and packing overhead), and two training steps: forward + backward (input,
+weight and bias gradients) of a ResNet basic block and of MobileNet's depthwise-separable block, our
+convs through fuel_torch.nn against torch's.
 Each row also shows the issue's target ratio (`target`), the GFLOP/s ours and torch's ran at and
 the rate the target needs, and (float32, float64) that rate as a share of the table's peak line, the
 vector multiply-add probe's rate at its thread count (fuel_torch._C.peak_probe): a target past 100%
-needs more than the CPU's vectors can do, so no kernel meets it here. The training row has no GFLOP/s.
+needs more than the CPU's vectors can do, so no kernel meets it here. The training rows have no GFLOP/s.
 
 --allocator steady re-runs the script with glibc's mmap and trim thresholds fixed at 4 GiB, so that
 no call's buffers are fresh mappings. With the default (dynamic) thresholds whether a call's
@@ -23,7 +24,7 @@ torch's float32 ResNet 3x3 took 1,200-2,300 minor page faults per call in one pr
 another, and its time moved between 8 and 17 ms with it (ours: 0-30 faults). Each table shows
 both sides' faults per call (the "faults" column, fuel / torch) so a figure says which it was.
 
---memory-format channels_last gives x and the weight (and the training block's parameters and
+--memory-format channels_last gives x and the weight (and the training blocks' parameters and
 input) torch's channels_last layout, NHWC in memory, for both sides: the layout oneDNN prefers, and
 the one models moved with model.to(memory_format=torch.channels_last) run in.
 
@@ -68,7 +69,7 @@ MEMORY_FORMATS = {"contiguous": torch.contiguous_format, "channels_last": torch.
 
 def target(name: str, dtype_name: str) -> float:
     """The issue's target ratio for a row: dense 1.0, depthwise and grouped 0.6, transposed stride 2
-    0.7, the small conv 1.3, the training step 1.0 in every dtype; float64 convolutions at most 0.5."""
+    0.7, the small conv 1.3, the training steps 1.0 in every dtype; float64 convolutions at most 0.5."""
     if name.startswith("training"):
         return 1.0
     ratio = 0.6 if name.startswith(("depthwise", "grouped")) else 0.7 if " T " in name or "transpose" in name \
@@ -119,13 +120,32 @@ class BasicBlock(torch.nn.Module):
         return torch.relu(self.conv2(torch.relu(self.conv1(x))) + x)
 
 
-def training_row(dtype, repeats, generator, memory_format=torch.contiguous_format) -> tuple[float, float, str]:
+class SeparableBlock(torch.nn.Module):
+    """MobileNet's depthwise-separable block without batch norm: depthwise 3x3-relu-pointwise 1x1 + x, relu."""
+
+    def __init__(self, conv: type, channels: int = 128):
+        super().__init__()
+        self.depthwise = conv(channels, channels, 3, padding=1, groups=channels)
+        self.pointwise = conv(channels, channels, 1)
+
+    def forward(self, x):
+        return torch.relu(self.pointwise(torch.relu(self.depthwise(x))) + x)
+
+
+TRAINING = [
+    ("training: basic block fwd+bwd (4,64,56x56)", BasicBlock, (4, 64, 56, 56)),
+    ("training: separable block fwd+bwd (4,128,56x56)", SeparableBlock, (4, 128, 56, 56)),
+]
+
+
+def training_row(block: type, x_shape, dtype, repeats, generator,
+                 memory_format=torch.contiguous_format) -> tuple[float, float, str]:
     torch.manual_seed(0)
-    theirs = BasicBlock(torch.nn.Conv2d).to(dtype)
-    ours = BasicBlock(fuel_torch.nn.Conv2d).to(dtype)
+    theirs = block(torch.nn.Conv2d, x_shape[1]).to(dtype)
+    ours = block(fuel_torch.nn.Conv2d, x_shape[1]).to(dtype)
     ours.load_state_dict(theirs.state_dict())
     theirs, ours = (model.to(memory_format=memory_format) for model in (theirs, ours))
-    x = torch.randn(4, 64, 56, 56, generator=generator).to(dtype).contiguous(memory_format=memory_format)
+    x = torch.randn(x_shape, generator=generator).to(dtype).contiguous(memory_format=memory_format)
 
     def step(model):
         def run():
@@ -183,11 +203,11 @@ def main() -> None:
     parser.add_argument("--dtype", nargs="+", choices=list(DTYPES), default=list(DTYPES))
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--only", nargs="+", default=None, help="run only the cases whose name contains one of these")
-    parser.add_argument("--no-training", action="store_true", help="skip the ResNet basic block training step")
+    parser.add_argument("--no-training", action="store_true", help="skip the training steps")
     parser.add_argument("--allocator", choices=["default", "steady"], default="default",
                         help="steady: glibc thresholds fixed so that no call's buffers are fresh mappings")
     parser.add_argument("--memory-format", choices=list(MEMORY_FORMATS), default="contiguous",
-                        help="the operands' layout (and the training block's): NCHW, or channels_last (NHWC)")
+                        help="the operands' layout (and the training blocks'): NCHW, or channels_last (NHWC)")
     add_isa_option(parser)
     args = parser.parse_args()
     memory_format = MEMORY_FORMATS[args.memory_format]
@@ -210,10 +230,10 @@ def main() -> None:
                 rows.append(table_row(name, dtype_name,
                                       *conv_row(op, x_shape, w_shape, geometry, dtype, args.repeats, generator,
                                                 memory_format), peaks))
-            name = "training: basic block fwd+bwd (4,64,56x56)"
-            if not args.no_training and wanted(name):
-                rows.append(table_row(name, dtype_name, *training_row(dtype, args.repeats, generator, memory_format),
-                                      peaks))
+            for name, block, x_shape in TRAINING:
+                if not args.no_training and wanted(name):
+                    rows.append(table_row(name, dtype_name, *training_row(block, x_shape, dtype, args.repeats,
+                                                                          generator, memory_format), peaks))
         print_table(rows)
 
 

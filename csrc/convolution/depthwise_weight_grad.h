@@ -320,27 +320,192 @@ void weight_grad_planes(const Problem& p, const scalar_t* x, const Layout& xl, c
   });
 }
 
+// The other depthwise weight gradients (column strides, rows narrower than a lane group, one image,
+// kernels wider than 16): conv2d computes them on the chassis, or for one image on the depthwise
+// kernel, in the chassis's order. Each output sums the products of (image, output row, output
+// column) in order in three levels: blocks of kBlock products as fused chains from +0 (the conv2d's
+// zero bias), each kTapChunk products' blocks added to +0 in turn, the chunks added in turn; the
+// result rounded as the chassis stores it (narrow()'s vector code). channels_last operands, vectors
+// along the channels as in weight_grad_nhwc, every kernel tap's chain of a channel vector side by side
+// (kTaps > 0: fixed at compile time, the chains in registers).
+template <typename acc_t>
+struct BlockedSums {  // one channel vector's: [tap] each
+  std::vector<Vectorized<acc_t>> chain, chunk, total;
+};
+
+// Where the chains stand: products in the current block and chunk, and whether a chunk has ended.
+struct BlockedPosition {
+  int64_t in_block = 0, in_chunk = 0;
+  bool first_chunk = true;
+};
+
+template <typename acc_t>
+inline void end_block(BlockedSums<acc_t>& s, BlockedPosition& at, int64_t taps) {
+  using Vec = Vectorized<acc_t>;
+  for (int64_t t = 0; t < taps; ++t) s.chunk[t] = s.chunk[t] + s.chain[t], s.chain[t] = Vec(acc_t(0));
+  at.in_chunk += at.in_block, at.in_block = 0;
+  if (at.in_chunk == kTapChunk) {
+    for (int64_t t = 0; t < taps; ++t) {
+      s.total[t] = at.first_chunk ? s.chunk[t] : s.total[t] + s.chunk[t];
+      s.chunk[t] = Vec(acc_t(0));
+    }
+    at.in_chunk = 0, at.first_chunk = false;
+  }
+}
+
+// The products of one output row from column ow0 to ow1 (within one block) onto one channel vector's
+// chains. rows[kh] / pitch[kh]: kernel row kh's input row at the block's first channel (`zeros`, with
+// pitch 0, in the padding; as long as the block); the vector's channels lie `plane` elements on.
+template <typename scalar_t, int kKh, int kKw>
+__attribute__((always_inline)) inline void blocked_products(const Problem& p, const scalar_t* const* rows,
+                                                            const int64_t* pitch, bool rows_inside,
+                                                            const scalar_t* g_row, int64_t g_pitch, int64_t plane,
+                                                            int64_t ow0, int64_t ow1,
+                                                            const ChannelVector<scalar_t>& load,
+                                                            const scalar_t* zeros,
+                                                            Vectorized<acc_type<scalar_t>>* chain) {
+  using Vec = Vectorized<acc_type<scalar_t>>;
+  const int64_t sw = p.stride[1], dw = p.dilation[1], pw = p.padding[1], W = p.W;
+  if constexpr (kKh > 0) {
+    constexpr int kTaps = kKh * kKw;
+    Vec acc[kTaps];
+    for_each_index<kTaps>([&](auto t) { acc[t] = chain[t]; });
+    for (int64_t ow = ow0; ow < ow1; ++ow) {
+      const Vec g = load(g_row + ow * g_pitch + plane);
+      const int64_t first = ow * sw - pw;
+      const bool inside = rows_inside && first >= 0 && first + (kKw - 1) * dw < W;
+      for_each_index<kTaps>([&](auto t) __attribute__((always_inline)) {
+        constexpr int kh = t / kKw, kw = t % kKw;
+        const int64_t column = first + kw * dw;
+        const scalar_t* src = inside || (column >= 0 && column < W) ? rows[kh] + column * pitch[kh] : zeros;
+        acc[t] = at::vec::fmadd(g, load(src + plane), acc[t]);
+      });
+    }
+    for_each_index<kTaps>([&](auto t) { chain[t] = acc[t]; });
+  } else {
+    for (int64_t ow = ow0; ow < ow1; ++ow) {
+      const Vec g = load(g_row + ow * g_pitch + plane);
+      for (int64_t kh = 0, t = 0; kh < p.Kh; ++kh) {
+        for (int64_t kw = 0; kw < p.Kw; ++kw, ++t) {
+          const int64_t column = ow * sw - pw + kw * dw;
+          const scalar_t* src = column >= 0 && column < W ? rows[kh] + column * pitch[kh] : zeros;
+          chain[t] = at::vec::fmadd(g, load(src + plane), chain[t]);
+        }
+      }
+    }
+  }
+}
+
+template <typename scalar_t, int kKh, int kKw>
+void weight_grad_nhwc_blocked(const Problem& p, const scalar_t* x, const Layout& xl, const scalar_t* g,
+                              const Layout& gl, scalar_t* dw) {
+  using acc_t = acc_type<scalar_t>;
+  using Vec = Vectorized<acc_t>;
+  constexpr int64_t V = Vec::size();
+  const int64_t line = std::max<int64_t>(V, 64 / int64_t(sizeof(scalar_t)));
+  const int64_t per_thread = (p.Cin + at::get_num_threads() - 1) / at::get_num_threads();
+  const int64_t block = (per_thread + line - 1) / line * line, vectors = block / V;
+  const int64_t blocks = (p.Cin + block - 1) / block, taps = p.Kh * p.Kw;
+  const std::vector<scalar_t> zeros(block, scalar_t(0));
+  at::parallel_for(0, blocks, 1, [&](int64_t first, int64_t last) {
+    std::vector<BlockedSums<acc_t>> sums(vectors);
+    std::vector<const scalar_t*> rows(p.Kh);
+    std::vector<int64_t> pitch(p.Kh);
+    std::vector<acc_t> values(V);
+    std::vector<scalar_t> rounded(V);
+    for (int64_t b = first; b < last; ++b) {
+      const int64_t c0 = b * block, count = std::min(vectors, (p.Cin - c0 + V - 1) / V);
+      for (auto& s : sums) {
+        for (auto* chains : {&s.chain, &s.chunk, &s.total}) chains->assign(taps, Vec(acc_t(0)));
+      }
+      BlockedPosition at;
+      for (int64_t n = 0; n < p.N; ++n) {
+        for (int64_t oh = 0; oh < p.Ho; ++oh) {
+          bool rows_inside = true;
+          for (int64_t kh = 0; kh < p.Kh; ++kh) {
+            const int64_t ih = oh * p.stride[0] + kh * p.dilation[0] - p.padding[0];
+            const bool inside = ih >= 0 && ih < p.H;
+            rows[kh] = inside ? x + n * xl.n + ih * xl.h + c0 : zeros.data();
+            pitch[kh] = inside ? xl.w : 0;
+            rows_inside = rows_inside && inside;
+          }
+          const scalar_t* const g_row = g + n * gl.n + oh * gl.h + c0;
+          // The row in pieces that end where a block ends.
+          for (int64_t ow0 = 0; ow0 < p.Wo;) {
+            const int64_t ow1 = std::min(p.Wo, ow0 + kBlock - at.in_block);
+            for (int64_t v = 0; v < count; ++v) {
+              const ChannelVector<scalar_t> load{std::min(V, p.Cin - c0 - v * V)};
+              blocked_products<scalar_t, kKh, kKw>(p, rows.data(), pitch.data(), rows_inside, g_row, gl.w, v * V, ow0,
+                                                   ow1, load, zeros.data(), sums[v].chain.data());
+            }
+            at.in_block += ow1 - ow0;
+            if (at.in_block == kBlock) {
+              BlockedPosition next = at;
+              for (int64_t v = 0; v < count; ++v) next = at, end_block(sums[v], next, taps);
+              at = next;
+            }
+            ow0 = ow1;
+          }
+        }
+      }
+      for (int64_t v = 0; v < count; ++v) {
+        BlockedSums<acc_t>& s = sums[v];
+        if (at.in_block > 0 || at.in_chunk > 0) {  // the last chunk, whole or not
+          for (int64_t t = 0; t < taps; ++t) {
+            const Vec chunk = at.in_block > 0 ? s.chunk[t] + s.chain[t] : s.chunk[t];
+            s.total[t] = at.first_chunk ? chunk : s.total[t] + chunk;
+          }
+        }
+        const int64_t lanes = std::min(V, p.Cin - c0 - v * V);
+        for (int64_t t = 0; t < taps; ++t) {
+          s.total[t].store(values.data());
+          narrow<scalar_t>(values.data(), rounded.data(), V);  // the chassis's rounding, for its bits
+          for (int64_t e = 0; e < lanes; ++e) dw[(c0 + v * V + e) * taps + t] = rounded[e];
+        }
+      }
+    }
+  });
+}
+
 }  // namespace depthwise_grad_detail
 
 // Whether conv2d computes this depthwise call's weight gradient on the wide-kernel path (see the file
-// comment), whose sums these kernels keep.
+// comment), whose sums weight_grad_nhwc and weight_grad_planes keep.
 template <typename acc_t>
-bool depthwise_weight_grad_serves(const Problem& p) {
-  return !p.transpose && p.groups == p.Cin && p.Cout == p.Cin && p.Cin >= 2 && p.N >= 2 && p.stride[1] == 1 &&
-         p.Wo >= kWideLanes<acc_t> && p.Kw <= 16 && p.Ho > 0 && p.Kh > 0 && p.Kw > 0;
+bool depthwise_weight_grad_is_wide(const Problem& p) {
+  return p.N >= 2 && p.stride[1] == 1 && p.Wo >= kWideLanes<acc_t> && p.Kw <= 16;
+}
+
+// Whether a depthwise call's weight gradient outside that path is computed in the chassis's order
+// (weight_grad_nhwc_blocked): channels_last operands, and not bfloat16 on the AMX tile unit, where
+// the conv2d's patch path takes calls of one output channel per group (in its own order).
+template <typename scalar_t>
+bool depthwise_weight_grad_is_blocked(const Problem& p, const Layout& xl, const Layout& gl) {
+  if (xl.c != 1 || gl.c != 1) return false;
+  return !(std::is_same_v<scalar_t, at::BFloat16> && p.N >= 2 && bfloat16_brgemm_unit() == Bf16Unit::tiles);
 }
 
 // dw [C][1][Kh][Kw] (contiguous) of the depthwise conv2d p, from x and the output gradient g (through
-// their layouts); false, with nothing written, where the path does not serve p.
+// their layouts); false, with nothing written, where neither way serves p.
 template <typename scalar_t>
 bool depthwise_weight_grad(const Problem& p, const void* x_data, const Layout& xl, const void* g_data,
                            const Layout& gl, void* dw_data) {
   using namespace depthwise_grad_detail;
-  if (!depthwise_weight_grad_serves<acc_type<scalar_t>>(p)) return false;
-  path_counts().depthwise_weight_grad_calls += 1;
+  if (p.transpose || p.groups != p.Cin || p.Cout != p.Cin || p.Cin < 2 || p.N < 1 || p.Ho < 1 || p.Wo < 1 ||
+      p.Kh < 1 || p.Kw < 1) {
+    return false;
+  }
   const auto* x = static_cast<const scalar_t*>(x_data);
   const auto* g = static_cast<const scalar_t*>(g_data);
   auto* dw = static_cast<scalar_t*>(dw_data);
+  if (!depthwise_weight_grad_is_wide<acc_type<scalar_t>>(p)) {
+    if (!depthwise_weight_grad_is_blocked<scalar_t>(p, xl, gl)) return false;
+    path_counts().depthwise_weight_grad_calls += 1;
+    if (p.Kh == 3 && p.Kw == 3) return weight_grad_nhwc_blocked<scalar_t, 3, 3>(p, x, xl, g, gl, dw), true;
+    if (p.Kh == 5 && p.Kw == 5) return weight_grad_nhwc_blocked<scalar_t, 5, 5>(p, x, xl, g, gl, dw), true;
+    return weight_grad_nhwc_blocked<scalar_t, 0, 0>(p, x, xl, g, gl, dw), true;
+  }
+  path_counts().depthwise_weight_grad_calls += 1;
   if (xl.c != 1 || gl.c != 1) {
     if (p.Kw == 3) return weight_grad_planes<scalar_t, 3>(p, x, xl, g, gl, dw), true;
     if (p.Kw == 5) return weight_grad_planes<scalar_t, 5>(p, x, xl, g, gl, dw), true;
