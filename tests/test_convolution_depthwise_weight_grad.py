@@ -136,7 +136,10 @@ BLOCKED = {
     "7x7 at stride 2": (2, 18, (14, 14), (7, 7), dict(padding=3, stride=2), NHWC, NHWC),
     "one block": (2, 3, (4, 4), (3, 3), dict(padding=1), NHWC, NHWC),  # 32 products
     "one chunk": (1, 5, (16, 16), (3, 3), dict(padding=1), NHWC, NHWC),  # 256 products
-    "NCHW at stride 2": (3, 6, (15, 20), (3, 3), dict(padding=1, stride=2), NCHW, NCHW),
+    # NCHW operands are turned 16 channels x 16 columns at a time where the level has the transposes
+    # (the last columns of a row as an overlapping tile), the rest element by element.
+    "NCHW at stride 2": (3, 20, (15, 20), (3, 3), dict(padding=1, stride=2), NCHW, NCHW),
+    "NCHW gradient, one image": (1, 33, (5, 40), (3, 3), dict(padding=1), NHWC, NCHW),
     "NCHW, one image": (1, 4, (9, 33), (5, 3), dict(padding=(2, 1), dilation=(1, 2)), NCHW, NCHW),
     "mixed, narrow rows": (2, 17, (8, 9), (3, 3), dict(padding=1), NCHW, NHWC),
 }

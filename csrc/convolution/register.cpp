@@ -170,18 +170,11 @@ std::optional<at::Tensor> weight_grad_depthwise(const at::Tensor& x, const at::T
   }
   if (grad_out.size(0) != p.N || grad_out.size(1) != p.Cin) return std::nullopt;
   at::Tensor dw = at::empty({p.Cin, 1, kh, kw}, x.options());
-  const auto kernel = FUEL_KERNELS_FOR_CPU(convolution_kernels).depthwise_weight_grad[kernel_dtype_slot(dtype)];
-  const auto served = [&](const at::Tensor& xs, const at::Tensor& gs) {
-    return kernel(p, xs.const_data_ptr(), layout_of(xs), gs.const_data_ptr(), layout_of(gs), dw.mutable_data_ptr());
-  };
-  if (served(x, grad_out)) return dw;
-  // Outside the wide-kernel shape the kernel reads channels_last operands only (in the chassis's order);
-  // others are turned first (NCHW 4x128x56x56 float32 3x3 at stride 2, 1 thread, Zen 4: through the
-  // conv2d route 7.5 ms, turned 1.9).
-  constexpr auto channels_last = at::MemoryFormat::ChannelsLast;
-  if (x.is_contiguous(channels_last) && grad_out.is_contiguous(channels_last)) return std::nullopt;
-  if (served(x.contiguous(channels_last), grad_out.contiguous(channels_last))) return dw;
-  return std::nullopt;
+  if (!FUEL_KERNELS_FOR_CPU(convolution_kernels).depthwise_weight_grad[kernel_dtype_slot(dtype)](
+          p, x.const_data_ptr(), layout_of(x), grad_out.const_data_ptr(), layout_of(grad_out), dw.mutable_data_ptr())) {
+    return std::nullopt;
+  }
+  return dw;
 }
 
 TORCH_LIBRARY_IMPL(fuel, CPU, m) {
