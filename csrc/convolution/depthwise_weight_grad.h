@@ -5,21 +5,25 @@
 // (the images become input channels, the gradient the kernel: the wide-kernel problem, wide_kernel.h).
 // For a channels_last depthwise call those copies turn NHWC into [channel][image] planes one strided
 // element at a time: a float32 4x128x56x56 3x3 took 10.8 ms at 1 thread on a Zen 4, two thirds of it
-// copying, where torch took 0.8.
+// copying, where torch took 0.8; at stride 2, on the chassis, 12.1 ms (torch 0.3).
 //
-// Every output keeps the bits that conv2d gives it there (the wide-kernel path's order): lane l of
-// kWideLanes sums the products g * x of the output columns ow = l (mod kWideLanes), one fused chain
-// from +0 over (image, output row, column) ascending, a tap in the padding multiplying +0; then the
-// lanes are added in order to +0 and the sum is rounded once. (That path also pads each gradient row
-// to whole lane groups, adding 0 * +0 to some lanes: nothing changes, as a chain that starts at +0
-// never holds -0.) The calls served are the ones that conv2d sends down that path: at least two
-// images, column stride 1, gradient rows of at least kWideLanes columns, at most 16 kernel columns.
+// Every output keeps the bits that conv2d gives it (NaN payloads aside: which of two NaNs a fused
+// multiply-add passes on depends on the instruction form the compiler picks), in one of its two orders:
 //
-// channels_last x and gradient: the vectors run along the channels, each vector lane one channel's
-// chain. A task owns a block of channels (64 bytes of them: whole cache lines of each pixel) and all
-// its sums; it walks the images a block of output rows at a time, and for each kernel row and group
-// of lanes holds the sums of every kernel column in registers over the block's rows. Other layouts:
-// the wide-kernel path itself, channel by channel, reading x's planes through their strides.
+// - The wide-kernel path's, for the calls conv2d sends down it (at least two images, column stride 1,
+//   gradient rows of at least kWideLanes columns, at most 16 kernel columns): lane l of kWideLanes sums
+//   the products g * x of the output columns ow = l (mod kWideLanes), one fused chain from +0 over
+//   (image, output row, column) ascending, a tap in the padding multiplying +0; then the lanes are
+//   added in order to +0 and the sum is rounded once. (That path also pads each gradient row to whole
+//   lane groups, adding 0 * +0 to some lanes: nothing changes, as a chain that starts at +0 never holds
+//   -0.) channels_last x and gradient: weight_grad_nhwc, vectors along the channels; other layouts:
+//   weight_grad_planes, vectors along the rows.
+// - The chassis's, for the others (weight_grad_nhwc_blocked): the products in (image, output row,
+//   column) order, in blocks of kBlock and chunks of kTapChunk. Vectors along the channels, NCHW
+//   operands turned channels_last a task and an image at a time.
+//
+// Along the channels each vector lane is one channel's chain, and each thread owns one run of
+// channels (whole cache lines of a pixel) and all their sums.
 #pragma once
 
 #include "depthwise.h"
@@ -130,20 +134,34 @@ void add_row_block(const Problem& p, const scalar_t* x_image, const Layout& xl, 
   }
 }
 
+// The channel runs of the kernels along the channels: one per thread, of whole cache lines of a pixel
+// (which thread computes an output does not change its sum). With one line's channels per task, the
+// tasks of a float32 4x128x56x56 3x3 at 1 thread on a Zen 4 each read x and the gradient 512 bytes
+// apart, and took 0.94 ms, 0.67 as one task.
+struct ChannelRuns {
+  int64_t block, vectors, blocks;  // channels per run, vectors per run, runs
+};
+
+template <typename scalar_t>
+ChannelRuns channel_runs(int64_t channels) {
+  constexpr int64_t V = Vectorized<acc_type<scalar_t>>::size();
+  const int64_t line = std::max<int64_t>(V, 64 / int64_t(sizeof(scalar_t)));
+  const int64_t per_thread = (channels + at::get_num_threads() - 1) / at::get_num_threads();
+  const int64_t block = (per_thread + line - 1) / line * line;
+  return {block, block / V, (channels + block - 1) / block};
+}
+
+// The wide-kernel path's order along the channels: a task walks the images a block of output rows at a
+// time, and for each kernel row and group of lanes holds the sums of every kernel column in registers
+// over the block's rows.
 template <typename scalar_t, int kKw>
 void weight_grad_nhwc(const Problem& p, const scalar_t* x, const Layout& xl, const scalar_t* g, const Layout& gl,
                       scalar_t* dw) {
   using acc_t = acc_type<scalar_t>;
   using Vec = Vectorized<acc_t>;
   constexpr int64_t V = Vec::size(), L = kWideLanes<acc_t>;
-  // Each thread one run of channels, whole cache lines of a pixel (which thread computes an output
-  // does not change its sum): with one line's channels per task, the tasks of a 4x128x56x56 float32
-  // 3x3 at 1 thread on a Zen 4 each read x and the gradient 512 bytes apart, and took 0.94 ms, 0.67
-  // as one task.
-  const int64_t line = std::max<int64_t>(V, 64 / int64_t(sizeof(scalar_t)));
-  const int64_t per_thread = (p.Cin + at::get_num_threads() - 1) / at::get_num_threads();
-  const int64_t block = (per_thread + line - 1) / line * line, vectors = block / V;
-  const int64_t blocks = (p.Cin + block - 1) / block, taps = p.Kh * p.Kw;
+  const auto [block, vectors, blocks] = channel_runs<scalar_t>(p.Cin);
+  const int64_t taps = p.Kh * p.Kw;
   const scalar_t zeros[V] = {};
   at::parallel_for(0, blocks, 1, [&](int64_t first, int64_t last) {
     std::vector<Vec> sums(vectors * L * taps);
@@ -437,10 +455,8 @@ void weight_grad_nhwc_blocked(const Problem& p, const scalar_t* x, const Layout&
   using acc_t = acc_type<scalar_t>;
   using Vec = Vectorized<acc_t>;
   constexpr int64_t V = Vec::size();
-  const int64_t line = std::max<int64_t>(V, 64 / int64_t(sizeof(scalar_t)));
-  const int64_t per_thread = (p.Cin + at::get_num_threads() - 1) / at::get_num_threads();
-  const int64_t block = (per_thread + line - 1) / line * line, vectors = block / V;
-  const int64_t blocks = (p.Cin + block - 1) / block, taps = p.Kh * p.Kw;
+  const auto [block, vectors, blocks] = channel_runs<scalar_t>(p.Cin);
+  const int64_t taps = p.Kh * p.Kw;
   const std::vector<scalar_t> zeros(block, scalar_t(0));
   at::parallel_for(0, blocks, 1, [&](int64_t first, int64_t last) {
     std::vector<BlockedSums<acc_t>> sums(vectors);
