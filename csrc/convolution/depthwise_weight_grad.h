@@ -202,7 +202,7 @@ void weight_grad_nhwc(const Problem& p, const scalar_t* x, const Layout& xl, con
 template <typename acc_t>
 struct PlaneStaging {
   int64_t line_len = 0, x_rows = 0, g_len = 0;  // a staged x line, x's staged rows, a staged gradient row
-  std::vector<acc_t> x, g;
+  std::unique_ptr<acc_t[]> x, g;  // scratch(): written in full before they are read
 };
 
 template <typename scalar_t>
@@ -210,7 +210,7 @@ void stage_planes(const Problem& p, const scalar_t* x_plane, const Layout& xl, c
                   const Layout& gl, PlaneStaging<acc_type<scalar_t>>& s) {
   using acc_t = acc_type<scalar_t>;
   for (int64_t i = 0; i < s.x_rows; ++i) {
-    acc_t* const line = s.x.data() + i * s.line_len;
+    acc_t* const line = s.x.get() + i * s.line_len;
     const int64_t ih = i - p.padding[0];
     const int64_t lo = ih >= 0 && ih < p.H ? std::clamp<int64_t>(p.padding[1], 0, s.line_len) : s.line_len;
     const int64_t hi = std::clamp<int64_t>(p.padding[1] + p.W, lo, s.line_len);
@@ -226,7 +226,7 @@ void stage_planes(const Problem& p, const scalar_t* x_plane, const Layout& xl, c
     zero(line + hi, s.line_len - hi);
   }
   for (int64_t oh = 0; oh < p.Ho; ++oh) {
-    acc_t* const dst = s.g.data() + oh * s.g_len;
+    acc_t* const dst = s.g.get() + oh * s.g_len;
     if (gl.w == 1) {
       widen<scalar_t>(g_plane + oh * gl.h, dst, p.Wo);
     } else {
@@ -263,9 +263,9 @@ void add_plane(const Problem& p, const PlaneStaging<acc_t>& s, int64_t kh0, Vect
     });
   };
   for (int64_t oh = 0; oh < p.Ho; ++oh) {
-    const acc_t* const g_row = s.g.data() + oh * s.g_len;
+    const acc_t* const g_row = s.g.get() + oh * s.g_len;
     const acc_t* lines[kRows];
-    for (int r = 0; r < kRows; ++r) lines[r] = s.x.data() + (oh * p.stride[0] + (kh0 + r) * p.dilation[0]) * s.line_len;
+    for (int r = 0; r < kRows; ++r) lines[r] = s.x.get() + (oh * p.stride[0] + (kh0 + r) * p.dilation[0]) * s.line_len;
     int64_t k = 0;
     for (; k + L < s.g_len || (k + L == s.g_len && tail == L); k += L) group(g_row, lines, k, false);
     if (k < s.g_len) group(g_row, lines, k, true);
@@ -288,13 +288,13 @@ void add_planes(const Problem& p, const PlaneStaging<acc_t>& s, Vectorized<acc_t
   } else {
     const int64_t tail = p.Wo - (s.g_len - L);
     for (int64_t oh = 0; oh < p.Ho; ++oh) {
-      const acc_t* const g_row = s.g.data() + oh * s.g_len;
+      const acc_t* const g_row = s.g.get() + oh * s.g_len;
       for (int64_t k = 0; k < s.g_len; k += L) {
         for (int64_t v = 0; v < kNV; ++v) {
           const Vec gv = Vec::loadu(g_row + k + v * V);
           const Vec mask = Vec::arange(acc_t(v * V), acc_t(1)) < Vec(static_cast<acc_t>(k + L == s.g_len ? tail : L));
           for (int64_t kh = 0; kh < p.Kh; ++kh) {
-            const acc_t* const line = s.x.data() + (oh * p.stride[0] + kh * p.dilation[0]) * s.line_len;
+            const acc_t* const line = s.x.get() + (oh * p.stride[0] + kh * p.dilation[0]) * s.line_len;
             for (int64_t kw = 0; kw < p.Kw; ++kw) {
               const Vec xv = Vec::blendv(Vec(acc_t(0)), Vec::loadu(line + k + kw * p.dilation[1] + v * V), mask);
               Vec& sum = sums[(kh * p.Kw + kw) * kNV + v];
@@ -319,8 +319,8 @@ void weight_grad_planes(const Problem& p, const scalar_t* x, const Layout& xl, c
     s.g_len = (p.Wo + L - 1) / L * L;
     s.line_len = s.g_len + (p.Kw - 1) * p.dilation[1];
     s.x_rows = (p.Ho - 1) * p.stride[0] + (p.Kh - 1) * p.dilation[0] + 1;
-    s.x.resize(s.x_rows * s.line_len);
-    s.g.resize(p.Ho * s.g_len);
+    s.x = scratch<acc_t>(s.x_rows * s.line_len);
+    s.g = scratch<acc_t>(p.Ho * s.g_len);
     std::vector<Vec> sums(taps * (L / V));
     for (int64_t c = first; c < last; ++c) {
       std::fill(sums.begin(), sums.end(), Vec(acc_t(0)));
@@ -457,15 +457,19 @@ void weight_grad_nhwc_blocked(const Problem& p, const scalar_t* x, const Layout&
   constexpr int64_t V = Vec::size();
   const auto [block, vectors, blocks] = channel_runs<scalar_t>(p.Cin);
   const int64_t taps = p.Kh * p.Kw;
-  const std::vector<scalar_t> zeros(block, scalar_t(0));
+  // Buffers of types every level shares are scratch(), not std::vector: a std::vector<float>(n) the
+  // compiler outlines here is AVX-512 code under a name outside the level (test_isa_levels' leak check).
+  const auto zeros = scratch<scalar_t>(block);
+  std::fill_n(zeros.get(), block, scalar_t(0));
   at::parallel_for(0, blocks, 1, [&](int64_t first, int64_t last) {
     std::vector<BlockedSums<acc_t>> sums(vectors);
-    std::vector<const scalar_t*> rows(p.Kh);
-    std::vector<int64_t> pitch(p.Kh);
-    std::vector<acc_t> values(V);
-    std::vector<scalar_t> rounded(V);
+    const auto rows = scratch<const scalar_t*>(p.Kh);
+    const auto pitch = scratch<int64_t>(p.Kh);
+    acc_t values[V];
+    scalar_t rounded[V];
     // For operands that are not channels_last: one image's channels of a block, turned.
-    std::vector<scalar_t> x_turned(xl.c != 1 ? p.H * p.W * block : 0), g_turned(gl.c != 1 ? p.Ho * p.Wo * block : 0);
+    const auto x_turned = scratch<scalar_t>(xl.c != 1 ? p.H * p.W * block : 0);
+    const auto g_turned = scratch<scalar_t>(gl.c != 1 ? p.Ho * p.Wo * block : 0);
     for (int64_t b = first; b < last; ++b) {
       const int64_t c0 = b * block, count = std::min(vectors, (p.Cin - c0 + V - 1) / V);
       for (auto& s : sums) {
@@ -477,19 +481,19 @@ void weight_grad_nhwc_blocked(const Problem& p, const scalar_t* x, const Layout&
         const scalar_t *x_image = x + n * xl.n + c0 * xl.c, *g_image = g + n * gl.n + c0 * gl.c;
         Layout xi = xl, gi = gl;
         if (xl.c != 1) {
-          turn_image(x_image, xl, std::min(block, p.Cin - c0), p.H, p.W, x_turned.data(), block);
-          x_image = x_turned.data(), xi = Layout{0, 1, p.W * block, block};
+          turn_image(x_image, xl, std::min(block, p.Cin - c0), p.H, p.W, x_turned.get(), block);
+          x_image = x_turned.get(), xi = Layout{0, 1, p.W * block, block};
         }
         if (gl.c != 1) {
-          turn_image(g_image, gl, std::min(block, p.Cin - c0), p.Ho, p.Wo, g_turned.data(), block);
-          g_image = g_turned.data(), gi = Layout{0, 1, p.Wo * block, block};
+          turn_image(g_image, gl, std::min(block, p.Cin - c0), p.Ho, p.Wo, g_turned.get(), block);
+          g_image = g_turned.get(), gi = Layout{0, 1, p.Wo * block, block};
         }
         for (int64_t oh = 0; oh < p.Ho; ++oh) {
           bool rows_inside = true;
           for (int64_t kh = 0; kh < p.Kh; ++kh) {
             const int64_t ih = oh * p.stride[0] + kh * p.dilation[0] - p.padding[0];
             const bool inside = ih >= 0 && ih < p.H;
-            rows[kh] = inside ? x_image + ih * xi.h : zeros.data();
+            rows[kh] = inside ? x_image + ih * xi.h : zeros.get();
             pitch[kh] = inside ? xi.w : 0;
             rows_inside = rows_inside && inside;
           }
@@ -499,8 +503,8 @@ void weight_grad_nhwc_blocked(const Problem& p, const scalar_t* x, const Layout&
             const int64_t ow1 = std::min(p.Wo, ow0 + kBlock - at.in_block);
             for (int64_t v = 0; v < count; ++v) {
               const ChannelVector<scalar_t> load{std::min(V, p.Cin - c0 - v * V)};
-              blocked_products<scalar_t, kKh, kKw>(p, rows.data(), pitch.data(), rows_inside, g_row, gi.w, v * V, ow0,
-                                                   ow1, load, zeros.data(), sums[v].chain.data());
+              blocked_products<scalar_t, kKh, kKw>(p, rows.get(), pitch.get(), rows_inside, g_row, gi.w, v * V, ow0,
+                                                   ow1, load, zeros.get(), sums[v].chain.data());
             }
             at.in_block += ow1 - ow0;
             if (at.in_block == kBlock) {
@@ -522,8 +526,8 @@ void weight_grad_nhwc_blocked(const Problem& p, const scalar_t* x, const Layout&
         }
         const int64_t lanes = std::min(V, p.Cin - c0 - v * V);
         for (int64_t t = 0; t < taps; ++t) {
-          s.total[t].store(values.data());
-          narrow<scalar_t>(values.data(), rounded.data(), V);  // the chassis's rounding, for its bits
+          s.total[t].store(values);
+          narrow<scalar_t>(values, rounded, V);  // the chassis's rounding, for its bits
           for (int64_t e = 0; e < lanes; ++e) dw[(c0 + v * V + e) * taps + t] = rounded[e];
         }
       }
