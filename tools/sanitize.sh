@@ -24,6 +24,7 @@ bounded=(tests/test_elementwise_parity.py
          -k "not test_elementwise_parity or special_values or ranks_zero or out_overload or position_invariance"
          tests/test_elementwise_enforcement.py tests/test_convolution_errors.py tests/test_adversarial.py
          tests/test_fuzz.py tests/test_convolution_patch_brgemm.py tests/test_convolution_plane_brgemm.py
+         tests/test_convolution_depthwise_weight_grad.py
          "tests/test_convolution.py::test_empty_batch" "tests/test_convolution.py::test_no_input_channels_give_the_bias"
          "tests/test_convolution.py::test_empty_input_rows_read_only_padding"
          "tests/test_convolution.py::test_out_overload_overwrites_every_element"
