@@ -756,6 +756,8 @@ void run_depthwise_task(const Problem& p, const DepthwisePlan& plan, const Depth
 // same 512 bytes a pixel.
 constexpr int64_t kNhwcBlock = 128;
 constexpr int kPixelChains = Vectorized<float>::size() == 16 ? 8 : 4;  // within 32 (16) vector registers
+// Channel vectors in a block: kNhwcBlock floats' bytes over the narrowest vector a level has.
+constexpr int64_t kMaxNhwcVectors = kNhwcBlock * 4 / 32;
 
 // Pixels per block of a kernel kKw wide at column stride kStride: kPixelChains, but 4 for a 5x5 at
 // stride 2, whose 19 columns for 8 pixels would not stay in 32 registers (its 11 for 4 do: float32
@@ -822,7 +824,7 @@ template <typename scalar_t>
 struct ChannelVector {
   using Vec = Vectorized<acc_type<scalar_t>>;
   static constexpr int64_t V = Vec::size();
-  int64_t lanes;
+  int64_t lanes = 0;
 #if defined(CPU_CAPABILITY_AVX512)
   uint32_t mask = lanes_between<Vec::size()>(0, lanes);  // a masked load costs what a whole one does
   Vec operator()(const scalar_t* src) const { return load_widened_lanes(src, mask); }
@@ -951,6 +953,73 @@ __attribute__((always_inline)) inline void nhwc_pixel_sums(const NhwcRowVector<s
 }
 
 
+// kPixels output pixels' sums of one channel vector, stored from `first`, the pixels `pitch` apart.
+template <typename scalar_t, int kPixels>
+__attribute__((always_inline)) inline void store_pixels(const Vectorized<acc_type<scalar_t>> (&sums)[kPixels],
+                                                        const ChannelVector<scalar_t>& channels, scalar_t* first,
+                                                        int64_t pitch) {
+  constexpr int64_t V = Vectorized<acc_type<scalar_t>>::size();
+  if constexpr (is_half<scalar_t>) {
+    // Pixel pairs rounded together by the vector code narrow() uses, lane by lane (the bits
+    // narrow() gives), into the output: through a row of sums, rounded as a run after it, a
+    // bfloat16 call spent a fifth of its time in the rounding.
+    for_each_index<(kPixels + 1) / 2>([&](auto pair) __attribute__((always_inline)) {
+      constexpr int i = 2 * pair;
+      const auto both = at::vec::convert_from_float<scalar_t>(sums[i], sums[std::min(i + 1, kPixels - 1)]);
+      channels.store_part(both, 0, first + i * pitch);
+      if constexpr (i + 1 < kPixels) channels.store_part(both, 1, first + (i + 1) * pitch);
+    });
+  } else {
+    for_each_index<kPixels>([&](auto i) __attribute__((always_inline)) {
+      if (channels.lanes == V) {
+        sums[i].store(first + i * pitch);
+      } else {
+        sums[i].store(first + i * pitch, static_cast<int>(channels.lanes));
+      }
+    });
+  }
+}
+
+// The groups of kGroup pixels, from column 0 on and below whole_groups, whose windows (kKw columns at
+// stride kStride) lie inside x's columns: [begin, end), empty where none does.
+template <int kKw, int kStride, int kGroup>
+std::pair<int64_t, int64_t> interior_columns(const Problem& p, int64_t whole_groups) {
+  constexpr int64_t kSpan = (kGroup - 1) * kStride + kKw, kStep = kGroup * kStride;
+  const int64_t pw = p.padding[1], first = (pw + kStep - 1) / kStep;
+  if (p.W + pw < kSpan) return {0, 0};
+  const int64_t last = (p.W + pw - kSpan) / kStep;  // the last group whose window ends inside
+  return {std::min(first * kGroup, whole_groups), std::min((last + 1) * kGroup, whole_groups)};
+}
+
+// Interior groups of one output row (every kernel row inside x, every window inside its columns),
+// each group every channel vector of the block: row_vectors' window pointers advanced in one loop,
+// where a call per group and vector spent more on working out its window than on its multiply-adds
+// (AVX2: four pixels of eight lanes a group).
+template <typename scalar_t, int kKh, int kKw, int kStride>
+__attribute__((noinline)) void interior_groups(const NhwcRowVector<scalar_t>* row_vectors, int64_t vectors,
+                                               int64_t ow_begin, int64_t ow_end, scalar_t* out_row,
+                                               int64_t out_pitch) {
+  using Vec = Vectorized<acc_type<scalar_t>>;
+  constexpr int kGroup = pixel_group<kKw, kStride>();
+  const NhwcRowVector<scalar_t>& r0 = row_vectors[0];
+  const int64_t pitch = r0.pitch, step = kGroup * kStride * pitch;
+  const scalar_t* window[kKh];
+  for (int kh = 0; kh < kKh; ++kh) window[kh] = r0.rows[kh] + (ow_begin * kStride - r0.pw) * pitch;
+  const InsideWindow everywhere{(uint32_t(1) << kKh) - 1, 0, (kGroup - 1) * kStride + kKw};
+  for (int64_t ow = ow_begin; ow < ow_end; ow += kGroup) {
+    for (int64_t v = 0; v < vectors; ++v) {
+      const NhwcRowVector<scalar_t>& r = row_vectors[v];
+      const scalar_t* rows[kKh];
+      for_each_index<kKh>([&](auto kh) __attribute__((always_inline)) { rows[kh] = window[kh] + r.plane; });
+      Vec sums[kGroup];
+      sliding_sums<scalar_t, kGroup, kKh, kKw, kStride, false>(rows, pitch, r.channels, everywhere, r.zeros, r.w,
+                                                              r.bias, sums);
+      store_pixels(sums, r.channels, out_row + ow * out_pitch + r.plane, out_pitch);
+    }
+    for_each_index<kKh>([&](auto kh) __attribute__((always_inline)) { window[kh] += step; });
+  }
+}
+
 // kKh x kKw taps at column stride kStride and column dilation 1, fixed at compile time; kKh == 0: the
 // geometry read from p.
 template <typename scalar_t, int kKh, int kKw, int kStride>
@@ -967,6 +1036,7 @@ void convolve_depthwise_nhwc(const Problem& p, const scalar_t* x, const Layout& 
   constexpr bool kSliding = kKh > 0 && (kStride == 1 || ((kKw == 3 || kKw == 5) && Vec::size() * sizeof(acc_t) == 64));
   const int64_t Kh = kKh ? kKh : p.Kh, Kw = kKw ? kKw : p.Kw, n_taps = Kh * Kw;
   const int64_t S = kStride ? kStride : p.stride[1], D = kKh ? 1 : p.dilation[1];
+  static_assert(kNhwcBlock * 4 / int64_t(sizeof(Vec)) <= kMaxNhwcVectors);
   const NhwcPlan plan = plan_depthwise_nhwc<acc_t>(p);
   path_counts().depthwise_channels_last_calls += 1;
   const auto [weights, biases] = nhwc_weights<scalar_t>(p, plan, weight, ws, bias);
@@ -991,43 +1061,44 @@ void convolve_depthwise_nhwc(const Problem& p, const scalar_t* x, const Layout& 
           if (kh < 32 && rows[kh]) rows_inside |= uint32_t(1) << kh;
         }
         scalar_t* const out_row = out + n * ol.n + oh * ol.h + c0;
-        for (int64_t v = 0; v < plan.vectors; ++v) {
-          const int64_t lanes = std::min(V, count - v * V);
-          if (lanes <= 0) break;
-          const NhwcRowVector<scalar_t> row_vector{rows.data(), rows_inside, v * V, &w[v * n_taps],
-                                                   Vec::loadu(&biases[c0 + v * V]), {lanes}, zeros, xl.w, p.W,
-                                                   p.padding[1], Kh, Kw, n_taps, S, D};
-          // kPixels pixels from ow, stored.
-          const auto pixels = [&](auto fixed, int64_t ow) {
-            constexpr int kPixels = decltype(fixed)::value;
-            Vec sums[kPixels];
-            nhwc_pixel_sums<scalar_t, kPixels, kKh, kKw, kStride, kSliding>(row_vector, ow, sums);
-            scalar_t* const first = out_row + ow * ol.w + v * V;
-            if constexpr (is_half<scalar_t>) {
-              // Pixel pairs rounded together by the vector code narrow() uses, lane by lane (the
-              // bits narrow() gives), into the output: through a row of sums, rounded as a run
-              // after it, a bfloat16 call spent a fifth of its time in the rounding.
-              for_each_index<(kPixels + 1) / 2>([&](auto pair) __attribute__((always_inline)) {
-                constexpr int i = 2 * pair;
-                const auto both = at::vec::convert_from_float<scalar_t>(sums[i], sums[std::min(i + 1, kPixels - 1)]);
-                row_vector.channels.store_part(both, 0, first + i * ol.w);
-                if constexpr (i + 1 < kPixels) row_vector.channels.store_part(both, 1, first + (i + 1) * ol.w);
-              });
-              return;
-            }
-            for_each_index<kPixels>([&](auto i) __attribute__((always_inline)) {
-              if (lanes == V) {
-                sums[i].store(first + i * ol.w);
-              } else {
-                sums[i].store(first + i * ol.w, static_cast<int>(lanes));
-              }
-            });
-          };
-          int64_t ow = 0;
-          constexpr int kGroup = pixel_group<kKw, kStride>();
-          for (; ow + kGroup <= p.Wo; ow += kGroup) pixels(std::integral_constant<int, kGroup>{}, ow);
-          with_count<kGroup - 1>(p.Wo - ow, [&](auto fixed) { pixels(fixed, ow); });
+        NhwcRowVector<scalar_t> row_vectors[kMaxNhwcVectors];
+        const int64_t vectors = std::min(plan.vectors, (count + V - 1) / V);
+        for (int64_t v = 0; v < vectors; ++v) {
+          row_vectors[v] = {rows.data(), rows_inside, v * V, &w[v * n_taps], Vec::loadu(&biases[c0 + v * V]),
+                            {std::min(V, count - v * V)}, zeros, xl.w, p.W, p.padding[1], Kh, Kw, n_taps, S, D};
         }
+        // kPixels pixels from ow of channel vector v, stored.
+        const auto pixels = [&](auto fixed, int64_t v, int64_t ow) {
+          constexpr int kPixels = decltype(fixed)::value;
+          Vec sums[kPixels];
+          nhwc_pixel_sums<scalar_t, kPixels, kKh, kKw, kStride, kSliding>(row_vectors[v], ow, sums);
+          store_pixels(sums, row_vectors[v].channels, out_row + ow * ol.w + v * V, ol.w);
+        };
+        // A group of pixels takes every channel vector of the block before the next group: the
+        // group's window (Kh rows of its columns, whole lines) is read while it is in L1.
+        constexpr int kGroup = pixel_group<kKw, kStride>();
+        const auto groups = [&](int64_t from, int64_t to) {
+          for (int64_t ow = from; ow < to; ow += kGroup) {
+            for (int64_t v = 0; v < vectors; ++v) pixels(std::integral_constant<int, kGroup>{}, v, ow);
+          }
+        };
+        const int64_t whole_groups = p.Wo / kGroup * kGroup;
+        int64_t ow = 0;
+        if constexpr (kSliding) {
+          // The groups whose windows lie inside x, in one loop (interior_groups); the others one call each.
+          const auto [inner_begin, inner_end] = interior_columns<kKw, kStride, kGroup>(p, whole_groups);
+          if (rows_inside == (uint32_t(1) << kKh) - 1 && inner_begin < inner_end) {
+            groups(0, inner_begin);
+            interior_groups<scalar_t, kKh, kKw, kStride>(row_vectors, vectors, inner_begin, inner_end,
+                                                          out_row, ol.w);
+            ow = inner_end;
+          }
+        }
+        groups(ow, whole_groups);
+        ow = whole_groups;
+        with_count<kGroup - 1>(p.Wo - ow, [&](auto fixed) {
+          for (int64_t v = 0; v < vectors; ++v) pixels(fixed, v, ow);
+        });
       }
     }
   });
