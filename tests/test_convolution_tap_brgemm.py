@@ -172,6 +172,46 @@ def test_float32_1x1_channels_last_reads_x_in_place(case, w_format):
     assert reference.bit_equal(padded.contiguous(), fuel_torch.conv2d(x, w, b, padding=1, groups=groups))
 
 
+# A 1x1 conv_transpose2d at stride 1, uncropped (a pointwise conv's input gradient), is the same
+# product with the weight's channel axes swapped: channels_last operands read in place as well, with
+# the NCHW call's bits. Groups, more than one 256-term chunk, and an odd output count per group;
+# a stride of 2 or cropping padding keeps the per-tap path.
+TRANSPOSED_POINTWISE_CASES = [
+    (2, 48, 64, 1, (9, 11)),
+    (1, 300, 24, 1, (6, 7)),
+    (2, 64, 34, 2, (5, 8)),
+    (3, 64, 48, 1, (1, 1)),
+]
+
+
+@pytest.mark.parametrize("w_format", FORMATS)
+@pytest.mark.parametrize("case", TRANSPOSED_POINTWISE_CASES, ids=lambda c: f"{c[1]}x{c[2]}-g{c[3]}-{c[4]}")
+def test_float32_1x1_transpose_channels_last_reads_x_in_place(case, w_format):
+    n, cin, cout, groups, spatial = case
+    x, w, b = operands("conv_transpose2d", n, cin, cout, groups, (1, 1), spatial, True, torch.float32,
+                       torch.Generator().manual_seed(cin + cout))
+    x.view(-1)[x.numel() // 3] = float("nan")
+    expected = fuel_torch.conv_transpose2d(x, w, b, groups=groups)
+    assert expected.isnan().any()
+    xl, wl = x.contiguous(memory_format=torch.channels_last), w.contiguous(memory_format=FORMATS[w_format])
+    before = fuel_torch._C.path_counts()["pointwise_brgemm_images"]
+    ours = fuel_torch.conv_transpose2d(xl, wl, b, groups=groups)
+    served = fuel_torch._C.path_counts()["pointwise_brgemm_images"] - before
+    assert served == (n if brgemm_serves(torch.float32) else 0)
+    assert ours.is_contiguous(memory_format=torch.channels_last)
+    assert reference.bit_equal(ours.contiguous(), expected)
+    for geometry in (dict(stride=2), dict(padding=(0, 1))):
+        if spatial[1] < 3:
+            continue
+        before = fuel_torch._C.path_counts()["pointwise_brgemm_images"]
+        other = fuel_torch.conv_transpose2d(xl, wl, b, groups=groups, **geometry)
+        assert fuel_torch._C.path_counts()["pointwise_brgemm_images"] == before
+        assert reference.bit_equal(other.contiguous(), fuel_torch.conv_transpose2d(x, w, b, groups=groups, **geometry))
+    x.view(-1)[x.numel() // 3] = 0.0
+    finite = fuel_torch.conv_transpose2d(x.contiguous(memory_format=torch.channels_last), wl, b, groups=groups)
+    check_values("conv_transpose2d", finite.contiguous(), x, w, b, dict(groups=groups))
+
+
 def test_channels_last_weight():
     generator = torch.Generator().manual_seed(3)
     x, w, b = operands("conv2d", 2, 32, 32, 1, (3, 3), (9, 9), True, torch.bfloat16, generator)
