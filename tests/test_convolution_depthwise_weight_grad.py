@@ -43,6 +43,9 @@ SERVED = [
     (2, 6, (12, 37), (5, 5), dict(padding=(0, 2), stride=(3, 1), dilation=(1, 2)), NCHW, NCHW),
     (3, 4, (9, 21), (4, 1), dict(padding=(2, 0)), NCHW, NCHW),
     (2, 18, (8, 34), (3, 3), dict(padding=1), NHWC, NCHW),  # mixed layouts: along the rows
+    # Rows so wide that, with 8-lane vectors (AVX2), fewer of a run's channel vectors are staged at once
+    # than it has (one or three of six), the last partial.
+    (2, 44, (6, 620), (3, 3), dict(padding=1), NHWC, NHWC),
 ]
 IDS = [f"{c[0]}x{c[1]}-{c[2][0]}x{c[2][1]}-k{c[3][0]}x{c[3][1]}-{'cl' if c[5] == NHWC else 'nchw'}"
        f"{'' if c[5] == c[6] else '-mixed'}" for c in SERVED]
