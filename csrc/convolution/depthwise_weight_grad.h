@@ -42,6 +42,11 @@ using depthwise_detail::for_each_index;
 constexpr int64_t kRowBlock = 8;  // output rows per visit of a register block's sums
 constexpr int64_t kStagedRowBlock = 4;  // the same where rows are staged (weight_grad_nhwc): within L1
 
+// The input row that kernel row kh of output row oh reads (outside [0, H): the padding).
+inline int64_t input_row_index(const Problem& p, int64_t oh, int64_t kh) {
+  return oh * p.stride[0] + kh * p.dilation[0] - p.padding[0];
+}
+
 // Lanes (output columns) per register block: kKw sums each, with the gradient's values and x's
 // columns loaded as they are used, within the vector registers (32 at AVX-512, 16 below). A half
 // type's loads widen: eight lanes of a 3x3 share each x column among more multiply-adds (bfloat16
@@ -95,7 +100,7 @@ void add_row_block(const Problem& p, const scalar_t* x_image, const Layout& xl, 
   const int64_t Kh = p.Kh, pw = p.padding[1], W = p.W, Wo = p.Wo;
   // Kernel row kh's input row for output row oh, and its pitch.
   const auto input_row = [&](int64_t oh, int64_t kh) -> std::pair<const scalar_t*, int64_t> {
-    const int64_t ih = oh * p.stride[0] + kh * p.dilation[0] - p.padding[0];
+    const int64_t ih = input_row_index(p, oh, kh);
     if (ih < 0 || ih >= p.H) return {zeros, 0};
     return {x_image + (ih - ih_first) * xl.h, xl.w};
   };
@@ -208,8 +213,9 @@ void weight_grad_nhwc(const Problem& p, const scalar_t* x, const Layout& xl, con
       for (int64_t n = 0; n < p.N; ++n) {
         for (int64_t oh0 = 0; oh0 < p.Ho; oh0 += row_block) {
           const int64_t oh1 = std::min(p.Ho, oh0 + row_block);
-          const int64_t ih0 = std::max<int64_t>(0, oh0 * p.stride[0] - p.padding[0]);
-          const int64_t ih1 = std::min(p.H, (oh1 - 1) * p.stride[0] + (p.Kh - 1) * p.dilation[0] - p.padding[0] + 1);
+          // The input rows the block reads, the rows staged.
+          const int64_t ih0 = std::max<int64_t>(0, input_row_index(p, oh0, 0));
+          const int64_t ih1 = std::min(p.H, input_row_index(p, oh1 - 1, p.Kh - 1) + 1);
           for (int64_t v = 0; v < vectors && c0 + v * V < p.Cin; ++v) {
             const int64_t lanes = std::min(V, p.Cin - c0 - v * V);
             const ChannelVector<scalar_t> load{lanes};
@@ -546,7 +552,7 @@ void weight_grad_nhwc_blocked(const Problem& p, const scalar_t* x, const Layout&
         for (int64_t oh = 0; oh < p.Ho; ++oh) {
           bool rows_inside = true;
           for (int64_t kh = 0; kh < p.Kh; ++kh) {
-            const int64_t ih = oh * p.stride[0] + kh * p.dilation[0] - p.padding[0];
+            const int64_t ih = input_row_index(p, oh, kh);
             const bool inside = ih >= 0 && ih < p.H;
             rows[kh] = inside ? x_image + ih * xi.h : zeros.get();
             pitch[kh] = inside ? xi.w : 0;
