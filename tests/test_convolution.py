@@ -425,6 +425,46 @@ def test_taps_sharing_rows_give_the_same_sums(cin):
     assert reference.bit_equal(rows, columns.transpose(2, 3))
 
 
+# (images, channels, (Kh, Kw), output channels, geometry): each has one output column (x as wide as
+# the kernel reaches); 25 and 50 images leave a partial 24-image block and a partial triple, 19 and 20
+# kernel rows a partial 8-row chunk, 70 output channels a partial 64-channel chunk and an odd count.
+ONE_COLUMN_CASES = [
+    (1, 3, (9, 40), 5, {}),
+    (4, 2, (19, 37), 3, {"padding": (2, 0)}),
+    (25, 3, (20, 18), 12, {"padding": (1, 1), "stride": (2, 3)}),
+    (50, 2, (7, 33), 70, {"groups": 2, "dilation": (2, 1)}),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", ONE_COLUMN_CASES, ids=lambda c: f"{c[0]}img-k{c[2][0]}x{c[2][1]}-co{c[3]}")
+def test_one_column_wide_kernel_gives_each_output_the_column_paths_bits(case, dtype):
+    """The wide-kernel path (a weight gradient's shape) takes output rows of one column (a 1x1 conv's
+    weight gradient) images three at a time and kernel rows eight at a time (wide_kernel.h); its rows
+    of more columns, one image at a time and every kernel row at once. Blocking only chooses which
+    sums run side by side: x widened by 2 * stride columns (the first `padding` of them zero, what the
+    narrow call read as padding) gives three output columns, the first of which must be the narrow
+    call's bits. With an infinity, a NaN and -0 in one image; the same bits for 1, 2 and 3 threads."""
+    images, channels, (kh, kw), cout, geometry = case
+    generator = torch.Generator().manual_seed(images + kh)
+    groups, (ph, pw), (sh, sw) = geometry.get("groups", 1), _pair(geometry.get("padding", 0)), _pair(
+        geometry.get("stride", 1))
+    height = (kh - 1) * _pair(geometry.get("dilation", 1))[0] + 1 + 2 * sh - 2 * ph
+    x, w, b = operands("conv2d", images, channels * groups, cout, groups, (kh, kw), (height, kw - 2 * pw), True,
+                       dtype, generator)
+    # Specials in the first image's first channel only: every other image's sums stay finite.
+    x[0, 0, 0, 0], x[0, 0, -1, 1], x[0, 0, 1, -1] = float("inf"), float("nan"), -0.0
+    narrow = fuel_torch.conv2d(x, w, b, **geometry)
+    assert narrow.shape[3] == 1 and narrow.shape[2] > 1
+    assert narrow[1:].isfinite().all() and not narrow[:1].isfinite().all()
+    extra = torch.randn(images, channels * groups, height, 2 * sw, generator=generator).to(dtype)
+    extra[..., :pw] = 0
+    wide = fuel_torch.conv2d(torch.cat([x, extra], 3), w, b, **geometry)
+    assert wide.shape[3] == 3
+    assert reference.bit_equal(narrow, wide[..., :1].contiguous())
+    assert_same_bits_for_every_thread_count("conv2d", x, w, b, geometry, narrow)
+
+
 # ---------------------------------------------------------------------------------------------
 # Determinism
 
