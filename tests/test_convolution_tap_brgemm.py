@@ -212,6 +212,25 @@ def test_float32_1x1_transpose_channels_last_reads_x_in_place(case, w_format):
     check_values("conv_transpose2d", finite.contiguous(), x, w, b, dict(groups=groups))
 
 
+@pytest.mark.parametrize("case", TRANSPOSED_POINTWISE_CASES, ids=lambda c: f"{c[1]}x{c[2]}-g{c[3]}-{c[4]}")
+def test_float32_1x1_transpose_nchw_is_the_conv2d_of_the_swapped_weight(case):
+    """An NCHW 1x1 conv_transpose2d at stride 1, uncropped, reads x's planes in place as the 1x1
+    conv2d does (tap_brgemm.h): it must give the bits of the conv2d whose weight has the two channel
+    axes swapped, group by group. Output padding (allowed with dilation 2) keeps the copied planes."""
+    n, cin, cout, groups, spatial = case
+    x, w, b = operands("conv_transpose2d", n, cin, cout, groups, (1, 1), spatial, True, torch.float32,
+                       torch.Generator().manual_seed(cin + cout + 1))
+    x.view(-1)[x.numel() // 3] = float("nan")
+    swapped = w.view(groups, cin // groups, cout // groups).transpose(1, 2).reshape(cout, cin // groups, 1, 1)
+    ours = fuel_torch.conv_transpose2d(x, w, b, groups=groups)
+    assert ours.isnan().any() and not ours.isnan().all()
+    assert reference.bit_equal(ours, fuel_torch.conv2d(x, swapped.contiguous(), b, groups=groups))
+    x.view(-1)[x.numel() // 3] = 0.0
+    check_values("conv_transpose2d", fuel_torch.conv_transpose2d(x, w, b, groups=groups), x, w, b, dict(groups=groups))
+    extended = dict(groups=groups, output_padding=1, dilation=2)
+    check_values("conv_transpose2d", fuel_torch.conv_transpose2d(x, w, b, **extended), x, w, b, extended)
+
+
 def test_channels_last_weight():
     generator = torch.Generator().manual_seed(3)
     x, w, b = operands("conv2d", 2, 32, 32, 1, (3, 3), (9, 9), True, torch.bfloat16, generator)
