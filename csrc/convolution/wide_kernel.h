@@ -116,8 +116,8 @@ inline scalar_t lanes_total(const acc_t* lanes, const scalar_t* bias, int64_t co
 // Output rows of one column (a 1x1 conv's weight gradient: one column, one row): the register block
 // takes kColumns images where it takes columns elsewhere, the images' lines staged kImageRows kernel
 // rows at a time, so that a task's weight rows are read once per image block, not once per image (a
-// float64 128 -> 128 1x1 over 4x56x56 streamed 7 MB of them per image: 79 ms at 1 thread on a Zen 3,
-// against torch's 24). The images' lines of a row chunk stay in L2 while every output channel of
+// float64 128 -> 128 1x1 over 4x56x56 streamed 7 MB of them per image: about 80 ms at 1 thread on a
+// Zen 3, now 20-25, torch 12-13). The images' lines of a row chunk stay in L2 while every output channel of
 // the task reads them. Each lane's chain keeps its order, (ci, kh, kw): the chunks run in kh order
 // within each ci, the lanes kept in part between them.
 constexpr int64_t kImageBlock = 24;  // images per task
