@@ -141,7 +141,7 @@ void multiply_narrow(int64_t rows, const BlockWeights& block_w, const acc_t* con
   constexpr int CB = kNarrowBlock;
   int64_t p = 0;
   for (; p + step <= width; p += step) {
-    if (p + step < width) request_inputs(cols, s0, s1, p + step, step);
+    if (rows > CB && p + step < width) request_inputs(cols, s0, s1, p + step, step);  // as multiply does
     for (int64_t c = 0; c < rows; c += CB) {
       multiply_block<acc_t, CB, 3>(block_w(c), cols, p, s0, s1, last, outer + c * ldo + p, partial + c * ldo + p, ldo,
                                    bias ? bias + c : nullptr);
