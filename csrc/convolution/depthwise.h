@@ -20,13 +20,56 @@ namespace fuel {
 namespace CPU_CAPABILITY {
 namespace depthwise_detail {
 
-#if defined(CPU_CAPABILITY_AVX512)
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
 // Lanes [a, b) of a vector, a and b clamped to its lanes.
 template <int V>
 inline uint32_t lanes_between(int64_t a, int64_t b) {
   const int lo = static_cast<int>(std::clamp<int64_t>(a, 0, V)), hi = static_cast<int>(std::clamp<int64_t>(b, lo, V));
   return static_cast<uint32_t>((uint64_t(1) << hi) - (uint64_t(1) << lo));
 }
+#endif
+
+#if defined(CPU_CAPABILITY_AVX2)
+// AVX2's masked loads take 32- and 64-bit lanes: float and double only (the caller's check).
+template <typename scalar_t>
+inline constexpr bool kMaskedLoads = !is_half<scalar_t>;
+
+// As the AVX-512 load below: the lanes outside `lanes` zero and not read (vmaskmov does not fault
+// on them).
+template <typename scalar_t>
+inline Vectorized<scalar_t> load_widened_lanes(const scalar_t* src, uint32_t lanes) {
+  static_assert(kMaskedLoads<scalar_t>);
+  constexpr uint32_t all = (1u << Vectorized<scalar_t>::size()) - 1;
+  if ((lanes & all) == all) return Vectorized<scalar_t>::loadu(src);
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    const __m256i set = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(static_cast<int>(lanes)), bit), bit);
+    return _mm256_maskload_ps(src, set);
+  } else {
+    const __m256i bit = _mm256_setr_epi64x(1, 2, 4, 8);
+    const __m256i set = _mm256_cmpeq_epi64(_mm256_and_si256(_mm256_set1_epi64x(lanes), bit), bit);
+    return _mm256_maskload_pd(src, set);
+  }
+}
+
+// Lanes kFirst, kFirst + 2, ... of lo followed by those of hi (as the AVX-512 version below).
+template <int kFirst>
+inline Vectorized<float> every_other_lane(const Vectorized<float>& lo, const Vectorized<float>& hi) {
+  // Within each 128-bit half: lo's two lanes then hi's; the 64-bit permute puts lo's pairs first.
+  const __m256 pairs = kFirst == 0 ? _mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0))
+                                   : _mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1));
+  return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(pairs), _MM_SHUFFLE(3, 1, 2, 0)));
+}
+template <int kFirst>
+inline Vectorized<double> every_other_lane(const Vectorized<double>& lo, const Vectorized<double>& hi) {
+  const __m256d pairs = kFirst == 0 ? _mm256_unpacklo_pd(lo, hi) : _mm256_unpackhi_pd(lo, hi);
+  return _mm256_permute4x64_pd(pairs, _MM_SHUFFLE(3, 1, 2, 0));
+}
+#endif
+
+#if defined(CPU_CAPABILITY_AVX512)
+template <typename scalar_t>
+inline constexpr bool kMaskedLoads = true;
 
 // The V elements from src widened to acc_t, those outside `lanes` zero and not read (a masked
 // load does not fault on them, so src may start before a row or end past the tensor).
@@ -55,12 +98,47 @@ inline Vectorized<double> every_other_lane(const Vectorized<double>& lo, const V
   const __m512i lanes = _mm512_add_epi64(_mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14), _mm512_set1_epi64(kFirst));
   return _mm512_permutex2var_pd(lo, lanes, hi);
 }
+#endif
+
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+// widen_lines for column stride 2 of a contiguous row: a vector of each phase's line takes every
+// other element of the same two masked loads (columns outside the row masked off, so read as
+// zeros), by one permute. Element by element, a 4x128x56x56 float32 3x3 at stride 2 took 1.15 ms
+// at 1 thread on a Zen 4 (0.62 now); at AVX2 (float and double) 1.3-1.5 -> 0.86 ms on a Zen 3. The
+// widening is exact either way, so the bits are the same.
+template <typename scalar_t, typename acc_t>
+void widen_stride2_lines(const scalar_t* plane, const Layout& xl, const Problem& p, int64_t ih0, int64_t rows,
+                         int64_t len, acc_t* lines) {
+  using Vec = Vectorized<acc_t>;
+  constexpr int64_t V = Vec::size();
+  const int64_t W = p.W, pw = p.padding[1];
+  const auto load = [&](uintptr_t row_start, int64_t column) {  // x's columns [column, column + V)
+    const auto* src = reinterpret_cast<const scalar_t*>(row_start + column * int64_t(sizeof(scalar_t)));
+    return load_widened_lanes<scalar_t>(src, column >= 0 && column + V <= W ? ~0u : lanes_between<V>(-column, W - column));
+  };
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t ih = ih0 + row;
+    acc_t* const line = lines + row * 2 * len;
+    if (ih < 0 || ih >= p.H) {
+      zero(line, 2 * len);
+      continue;
+    }
+    const auto row_start = reinterpret_cast<uintptr_t>(plane + ih * xl.h);
+    for (int64_t j = 0; j < len; j += V) {
+      const Vec lo = load(row_start, 2 * j - pw), hi = load(row_start, 2 * j - pw + V);  // phase 0's lane 0 on
+      every_other_lane<0>(lo, hi).store(line + j);
+      every_other_lane<1>(lo, hi).store(line + len + j);
+    }
+  }
+}
 
 // widen_lines for unit column steps of a contiguous row: every vector of a line is one store, of
 // zeros or of one masked load (the padding's lanes masked off, their masks worked out once). Per
 // row, zeroing the padding and copying the row in loops of a few vectors and a tail took 0.29 of
 // 0.83 ms of a 4x128x56x56 float32 call on a Zen 4 (measured by leaving the lines unwritten), and
-// as much with the input in L2; this takes 0.72-0.74 ms in all. The widening is exact either way.
+// as much with the input in L2; this takes 0.72-0.74 ms in all. At AVX2 the same call went 1.11 ->
+// 0.95 ms at 1 thread on a Zen 3 (0.59-0.73 -> 0.49-0.51 at 2): the row copy's stores, a float
+// after each line's vector boundary, split cache lines. The widening is exact either way.
 template <typename scalar_t, typename acc_t>
 void widen_unit_step_lines(const scalar_t* plane, const Layout& xl, const Problem& p, int64_t ih0, int64_t rows,
                            int64_t len, int64_t lo, int64_t hi, acc_t* lines) {
@@ -92,36 +170,6 @@ void widen_unit_step_lines(const scalar_t* plane, const Layout& xl, const Proble
     for (; j < len; j += V) Vec(acc_t(0)).store(line + j);
   }
 }
-
-// widen_lines for column stride 2 of a contiguous row: a vector of each phase's line takes every
-// other element of the same two masked loads (columns outside the row masked off, so read as
-// zeros), by one permute. Element by element, a 4x128x56x56 float32 3x3 at stride 2 took 1.15 ms
-// at 1 thread on a Zen 4 (0.62 now). The widening is exact either way, so the bits are the same.
-template <typename scalar_t, typename acc_t>
-void widen_stride2_lines(const scalar_t* plane, const Layout& xl, const Problem& p, int64_t ih0, int64_t rows,
-                         int64_t len, acc_t* lines) {
-  using Vec = Vectorized<acc_t>;
-  constexpr int64_t V = Vec::size();
-  const int64_t W = p.W, pw = p.padding[1];
-  const auto load = [&](uintptr_t row_start, int64_t column) {  // x's columns [column, column + V)
-    const auto* src = reinterpret_cast<const scalar_t*>(row_start + column * int64_t(sizeof(scalar_t)));
-    return load_widened_lanes<scalar_t>(src, column >= 0 && column + V <= W ? ~0u : lanes_between<V>(-column, W - column));
-  };
-  for (int64_t row = 0; row < rows; ++row) {
-    const int64_t ih = ih0 + row;
-    acc_t* const line = lines + row * 2 * len;
-    if (ih < 0 || ih >= p.H) {
-      zero(line, 2 * len);
-      continue;
-    }
-    const auto row_start = reinterpret_cast<uintptr_t>(plane + ih * xl.h);
-    for (int64_t j = 0; j < len; j += V) {
-      const Vec lo = load(row_start, 2 * j - pw), hi = load(row_start, 2 * j - pw + V);  // phase 0's lane 0 on
-      every_other_lane<0>(lo, hi).store(line + j);
-      every_other_lane<1>(lo, hi).store(line + len + j);
-    }
-  }
-}
 #endif
 
 // Input lines for one task: for each input row ih in [ih0, ih0 + rows) and each stride phase r,
@@ -139,9 +187,11 @@ void widen_lines(const scalar_t* plane, const Layout& xl, const Problem& p, int6
     const int64_t lo = std::clamp<int64_t>((pw - r + sw - 1) / sw, 0, len);
     const int64_t last = p.W - 1 + pw - r;
     const int64_t hi = last < 0 ? lo : std::clamp<int64_t>(last / sw + 1, lo, len);
-#if defined(CPU_CAPABILITY_AVX512)
-    if (sw == 1 && xl.w == 1) return widen_unit_step_lines<scalar_t, acc_t>(plane, xl, p, ih0, rows, len, lo, hi, lines);
-    if (sw == 2 && xl.w == 1) return widen_stride2_lines<scalar_t, acc_t>(plane, xl, p, ih0, rows, len, lines);
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+    if constexpr (kMaskedLoads<scalar_t>) {
+      if (sw == 1 && xl.w == 1) return widen_unit_step_lines<scalar_t, acc_t>(plane, xl, p, ih0, rows, len, lo, hi, lines);
+      if (sw == 2 && xl.w == 1) return widen_stride2_lines<scalar_t, acc_t>(plane, xl, p, ih0, rows, len, lines);
+    }
 #endif
     for (int64_t row = 0; row < rows; ++row) {
       const int64_t ih = ih0 + row;
