@@ -553,9 +553,9 @@ def test_depthwise_rows_in_pairs_match_single_rows(kernel, width, dtype):
                          ids=lambda v: str(v))
 def test_depthwise_lines_with_padding_past_a_vector(width, column_padding, dtype):
     """The NCHW depthwise kernel widens each input row into a zero-padded line a vector at a time
-    (AVX-512: one masked load per vector, the padding's lanes masked off; the vectors before and after
-    the row's are zeros; at column stride 2, both phases' lines from the same two loads, every other
-    lane). Rows narrower than a vector, rows of whole vectors, and column paddings of more than a
+    (AVX-512, and AVX2 for float32 and float64: one masked load per vector, the padding's lanes masked
+    off, a plain load where no lane is masked; the vectors before and after the row's are zeros; at
+    column stride 2, both phases' lines from the same two loads, every other lane). Rows narrower than a vector, rows of whole vectors, and column paddings of more than a
     float32 or float64 vector each side; a 1x3 and a 3x1 kernel besides the 3x3 (the first and last
     line vectors then hold all or none of the row). Same bits as the channels_last kernel, which
     widens its own way, and within the oracle's bound."""
