@@ -101,37 +101,6 @@ inline Vectorized<double> every_other_lane(const Vectorized<double>& lo, const V
 #endif
 
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
-// widen_lines for column stride 2 of a contiguous row: a vector of each phase's line takes every
-// other element of the same two masked loads (columns outside the row masked off, so read as
-// zeros), by one permute. Element by element, a 4x128x56x56 float32 3x3 at stride 2 took 1.15 ms
-// at 1 thread on a Zen 4 (0.62 now); at AVX2 (float and double) 1.3-1.5 -> 0.86 ms on a Zen 3. The
-// widening is exact either way, so the bits are the same.
-template <typename scalar_t, typename acc_t>
-void widen_stride2_lines(const scalar_t* plane, const Layout& xl, const Problem& p, int64_t ih0, int64_t rows,
-                         int64_t len, acc_t* lines) {
-  using Vec = Vectorized<acc_t>;
-  constexpr int64_t V = Vec::size();
-  const int64_t W = p.W, pw = p.padding[1];
-  const auto load = [&](uintptr_t row_start, int64_t column) {  // x's columns [column, column + V)
-    const auto* src = reinterpret_cast<const scalar_t*>(row_start + column * int64_t(sizeof(scalar_t)));
-    return load_widened_lanes<scalar_t>(src, column >= 0 && column + V <= W ? ~0u : lanes_between<V>(-column, W - column));
-  };
-  for (int64_t row = 0; row < rows; ++row) {
-    const int64_t ih = ih0 + row;
-    acc_t* const line = lines + row * 2 * len;
-    if (ih < 0 || ih >= p.H) {
-      zero(line, 2 * len);
-      continue;
-    }
-    const auto row_start = reinterpret_cast<uintptr_t>(plane + ih * xl.h);
-    for (int64_t j = 0; j < len; j += V) {
-      const Vec lo = load(row_start, 2 * j - pw), hi = load(row_start, 2 * j - pw + V);  // phase 0's lane 0 on
-      every_other_lane<0>(lo, hi).store(line + j);
-      every_other_lane<1>(lo, hi).store(line + len + j);
-    }
-  }
-}
-
 // widen_lines for unit column steps of a contiguous row: every vector of a line is one store, of
 // zeros or of one masked load (the padding's lanes masked off, their masks worked out once). Per
 // row, zeroing the padding and copying the row in loops of a few vectors and a tail took 0.29 of
@@ -168,6 +137,37 @@ void widen_unit_step_lines(const scalar_t* plane, const Layout& xl, const Proble
     for (; j < full_end; j += V) load_widened_lanes<scalar_t>(at(j), ~0u).store(line + j);
     if (j < len) load_widened_lanes<scalar_t>(at(j), last_lanes).store(line + j), j += V;
     for (; j < len; j += V) Vec(acc_t(0)).store(line + j);
+  }
+}
+
+// widen_lines for column stride 2 of a contiguous row: a vector of each phase's line takes every
+// other element of the same two masked loads (columns outside the row masked off, so read as
+// zeros), by one permute. Element by element, a 4x128x56x56 float32 3x3 at stride 2 took 1.15 ms
+// at 1 thread on a Zen 4 (0.62 now); at AVX2 (float and double) 1.3-1.5 -> 0.86 ms on a Zen 3. The
+// widening is exact either way, so the bits are the same.
+template <typename scalar_t, typename acc_t>
+void widen_stride2_lines(const scalar_t* plane, const Layout& xl, const Problem& p, int64_t ih0, int64_t rows,
+                         int64_t len, acc_t* lines) {
+  using Vec = Vectorized<acc_t>;
+  constexpr int64_t V = Vec::size();
+  const int64_t W = p.W, pw = p.padding[1];
+  const auto load = [&](uintptr_t row_start, int64_t column) {  // x's columns [column, column + V)
+    const auto* src = reinterpret_cast<const scalar_t*>(row_start + column * int64_t(sizeof(scalar_t)));
+    return load_widened_lanes<scalar_t>(src, column >= 0 && column + V <= W ? ~0u : lanes_between<V>(-column, W - column));
+  };
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t ih = ih0 + row;
+    acc_t* const line = lines + row * 2 * len;
+    if (ih < 0 || ih >= p.H) {
+      zero(line, 2 * len);
+      continue;
+    }
+    const auto row_start = reinterpret_cast<uintptr_t>(plane + ih * xl.h);
+    for (int64_t j = 0; j < len; j += V) {
+      const Vec lo = load(row_start, 2 * j - pw), hi = load(row_start, 2 * j - pw + V);  // phase 0's lane 0 on
+      every_other_lane<0>(lo, hi).store(line + j);
+      every_other_lane<1>(lo, hi).store(line + len + j);
+    }
   }
 }
 #endif
