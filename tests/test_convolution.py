@@ -798,8 +798,11 @@ def test_channels_last_operands(case, dtype, x_format, w_format):
 # 7x7, a column dilation); widths of a partial pixel group, and wide enough for pixel groups whose
 # taps all lie inside the image (read in place) beside groups that reach into the padding; row strides
 # past the kernel's reach and paddings past it (rows skipped, rows all padding); tall images; a depth
-# multiplier of 2 (the NCHW kernel's gathers, not this path).
+# multiplier of 2 (the NCHW kernel's gathers, not this path). A 3x3 at stride 1 computes two output
+# rows at a time at AVX2 where both rows' windows lie inside x: 136 channels (a whole block and 8
+# more) over 8 rows, pairs beside single rows.
 DEPTHWISE_LAYOUT_CASES = [
+    (1, 136, (3, 3), (8, 21), dict(padding=1)),
     (2, 21, (3, 3), (9, 13), dict(padding=1)),
     (1, 300, (3, 3), (5, 6), dict(padding=(0, 1))),
     (2, 15, (3, 3), (13, 12), dict(stride=2, padding=1)),

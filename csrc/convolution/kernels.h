@@ -50,10 +50,12 @@ void convolve_on_chassis(const Problem& p, const scalar_t* x, const Layout& xl, 
   const ChassisPlan plan = plan_chassis<acc_t>(p, std::move(ax_h), std::move(ax_w), std::move(offsets));
   std::vector<acc_t> bias_acc(p.Cout, acc_t(0));
   for (int64_t co = 0; bias && co < p.Cout; ++co) bias_acc[co] = static_cast<acc_t>(bias[co]);
-  std::vector<acc_t> packed((p.transpose ? p.Cin * (p.Cout / p.groups) : p.Cout * (p.Cin / p.groups)) * p.Kh * p.Kw);
+  const int64_t packed_size = (p.transpose ? p.Cin * (p.Cout / p.groups) : p.Cout * (p.Cin / p.groups)) * p.Kh * p.Kw;
+  const auto packed = scratch<acc_t>(packed_size);
+  zero(packed.get(), packed_size);
   pack_chassis_weights<scalar_t>(p, plan.ax_h, plan.ax_w, plan.phase_offsets, static_cast<const scalar_t*>(o.weight),
-                                 o.weight_strides, packed.data());
-  const acc_t* w_rows = packed.data();
+                                 o.weight_strides, packed.get());
+  const acc_t* w_rows = packed.get();
   const PaddedPlanes planes = padded_planes(plan.ax_h, plan.ax_w, kVectorBlock * Vectorized<acc_t>::size());
   if (planes_fit<acc_t>(p, planes)) {
     return convolve_planar<scalar_t>(p, plan, planes, x, xl, w_rows, bias_acc.data(), out, ol);

@@ -201,34 +201,34 @@ void convolve_wide_kernel(const Problem& p, const scalar_t* x, const Layout& xl,
   const int64_t ldw = Cin_g * p.Kh * row_len;
   const int64_t work = std::max<int64_t>(1, co_chunk * p.Wo * ldw);
   at::parallel_for(0, tasks, std::max<int64_t>(1, (1 << 16) / work), [&](int64_t first, int64_t last) {
-    std::vector<acc_t> lines(p.Kh * line_len), part(co_chunk * p.Wo * V);
+    const auto lines = scratch<acc_t>(p.Kh * line_len), part = scratch<acc_t>(co_chunk * p.Wo * V);
     for (int64_t task = first; task < last; ++task) {
       const int64_t chunk = task % co_chunks, oh = task / co_chunks % p.Ho, g = task / co_chunks / p.Ho % G;
       const int64_t n = task / co_chunks / p.Ho / G;
       const int64_t co0 = g * Cout_g + chunk * co_chunk, rows = std::min(co_chunk, (g + 1) * Cout_g - co0);
-      std::fill(part.begin(), part.end(), acc_t(0));
+      zero(part.get(), co_chunk * p.Wo * V);
       for (int64_t ci = 0; ci < Cin_g; ++ci) {
         // The input rows this output row reads, one per kernel row, zero-padded.
         const scalar_t* plane = x + n * xl.n + (g * Cin_g + ci) * xl.c;
         for (int64_t kh = 0; kh < p.Kh; ++kh) {
           const int64_t ih = oh * p.stride[0] + kh * p.dilation[0] - p.padding[0];
-          stage_line(p, plane, xl, ih, lines.data() + kh * line_len, line_len);
+          stage_line(p, plane, xl, ih, lines.get() + kh * line_len, line_len);
         }
         const acc_t* w = w_rows + co0 * ldw + ci * p.Kh * row_len;
         const int64_t ldp = p.Wo * V;
         int64_t c = 0;
         for (; c + kRowBlock <= rows; c += kRowBlock) {
-          row_of_columns<acc_t, kRowBlock>(w + c * ldw, ldw, lines.data(), p.Kh, row_len, line_len, sw, tail,
-                                       part.data() + c * ldp, ldp, p.Wo);
+          row_of_columns<acc_t, kRowBlock>(w + c * ldw, ldw, lines.get(), p.Kh, row_len, line_len, sw, tail,
+                                       part.get() + c * ldp, ldp, p.Wo);
         }
         for (; c < rows; ++c) {
-          row_of_columns<acc_t, 1>(w + c * ldw, ldw, lines.data(), p.Kh, row_len, line_len, sw, tail,
-                                   part.data() + c * ldp, ldp, p.Wo);
+          row_of_columns<acc_t, 1>(w + c * ldw, ldw, lines.get(), p.Kh, row_len, line_len, sw, tail,
+                                   part.get() + c * ldp, ldp, p.Wo);
         }
       }
       for (int64_t c = 0; c < rows; ++c) {
         scalar_t* row = out + n * ol.n + (co0 + c) * ol.c + oh * ol.h;
-        for (int64_t q = 0; q < p.Wo; ++q) row[q * ol.w] = lanes_total(part.data() + (c * p.Wo + q) * V, bias, co0 + c);
+        for (int64_t q = 0; q < p.Wo; ++q) row[q * ol.w] = lanes_total(part.get() + (c * p.Wo + q) * V, bias, co0 + c);
       }
     }
   });
