@@ -1157,7 +1157,8 @@ void convolve_depthwise_nhwc(const Problem& p, const scalar_t* x, const Layout& 
   alignas(64) const scalar_t zeros[kNhwcBlock * 4 / sizeof(acc_t)] = {};  // at least a block
   constexpr int kGroup = pixel_group<kKw, kStride>();
   const int64_t whole_groups = p.Wo / kGroup * kGroup;
-  // The groups whose windows lie inside x's columns, in one loop (interior_groups); the others one call each.
+  // The groups whose windows lie inside x's columns (interior_groups); those that reach into the
+  // padding go to edge_groups, and a row's last pixels past its whole groups one call each.
   const auto [inner_begin, inner_end] = kSliding ? interior_columns<kKw, kStride, kGroup>(p, whole_groups)
                                                  : std::pair<int64_t, int64_t>{0, 0};
   const bool pairs = kRowPairs && sh == 1 && dh == 1 && inner_begin < inner_end;
