@@ -804,6 +804,8 @@ def test_channels_last_operands(case, dtype, x_format, w_format):
 DEPTHWISE_LAYOUT_CASES = [
     (1, 136, (3, 3), (8, 21), dict(padding=1)),
     (2, 21, (3, 3), (9, 13), dict(padding=1)),
+    # Width a multiple of the pixel group: row pairs take the groups at both edges.
+    (2, 24, (3, 3), (10, 16), dict(padding=1)),
     (1, 300, (3, 3), (5, 6), dict(padding=(0, 1))),
     (2, 15, (3, 3), (13, 12), dict(stride=2, padding=1)),
     (1, 40, (5, 5), (11, 10), dict(padding=2)),

@@ -1048,16 +1048,19 @@ std::pair<int64_t, int64_t> interior_columns(const Problem& p, int64_t whole_gro
 }
 
 // Interior groups of kRows adjacent output rows (every kernel row inside x, every window inside its
-// columns; kRows > 1: row stride and dilation 1, see sliding_sums), each group every channel vector
-// of the block: the windows advanced in one loop, where a call per group and vector spent more on
-// working out its window than on its multiply-adds (AVX2: four pixels of eight lanes a group).
+// columns but for the padding columns below; kRows > 1: row stride and dilation 1, see
+// sliding_sums), each group every channel vector of the block: the windows advanced in one loop,
+// where a call per group and vector spent more on working out its window than on its multiply-adds
+// (AVX2: four pixels of eight lanes a group).
 // input_rows: the kKh + kRows - 1 input rows, at the block's first channel and column 0.
 // The rows the previous rows did not read arrive from L2 or further, and the hardware's prefetchers
 // do not follow a group's order (vector by vector, columns a pixel apart): the next group's lines of
 // them are requested a group ahead (float32 4x128x56x56 at 1 thread on a Zen 3: 1.46 -> 1.11-1.16 of
 // torch's time, the same process), and the output lines it writes, for writing (then 0.85-1.01 ->
 // 0.84-0.98 at 1 thread, 0.68-0.98 -> 0.65-0.76 at 2, alternating processes).
-template <typename scalar_t, int kKh, int kKw, int kStride, int kRows>
+// kLeftPad (kRightPad) > 0: the groups' windows begin (end) with that many columns of padding, which
+// read +0 from the block-wide `zeros`, chosen at compile time (edge_groups works each address out).
+template <typename scalar_t, int kKh, int kKw, int kStride, int kRows, int kLeftPad = 0, int kRightPad = 0>
 __attribute__((noinline)) void interior_groups(const NhwcRowVector<scalar_t>* row_vectors, int64_t vectors,
                                                const scalar_t* const* input_rows, int64_t ow_begin,
                                                int64_t ow_end, scalar_t* out_row, int64_t out_pitch,
@@ -1086,7 +1089,11 @@ __attribute__((noinline)) void interior_groups(const NhwcRowVector<scalar_t>* ro
       const scalar_t* rows[kInputRows];
       for_each_index<kInputRows>([&](auto i) __attribute__((always_inline)) { rows[i] = window[i] + r.plane; });
       Vec sums[kRows][kGroup];
-      const auto address = [&](auto row, auto c) __attribute__((always_inline)) { return rows[row] + c * pitch; };
+      const auto address = [&](auto row, auto c) __attribute__((always_inline)) {
+        constexpr int kColumn = decltype(c)::value, kColumns = (kGroup - 1) * kStride + kKw;
+        if constexpr (kColumn < kLeftPad || kColumn >= kColumns - kRightPad) return r.zeros + r.plane;
+        return rows[row] + kColumn * pitch;
+      };
       sliding_sums<scalar_t, kGroup, kKh, kKw, kStride, kRows>(address, r.channels, r.w, r.bias, sums);
       for_each_index<kRows>([&](auto o) __attribute__((always_inline)) {
         store_pixels(sums[o], r.channels, out_row + o * out_row_pitch + ow * out_pitch + r.plane, out_pitch);
@@ -1162,6 +1169,13 @@ void convolve_depthwise_nhwc(const Problem& p, const scalar_t* x, const Layout& 
   const auto [inner_begin, inner_end] = kSliding ? interior_columns<kKw, kStride, kGroup>(p, whole_groups)
                                                  : std::pair<int64_t, int64_t>{0, 0};
   const bool pairs = kRowPairs && sh == 1 && dh == 1 && inner_begin < inner_end;
+  // Row pairs take the edge group at either end too where it is one group whose window has one
+  // column of padding (a 3x3 with padding 1): one row at a time (edge_groups), the sixth of the
+  // groups at the edges took 30% of a float32 4x128x56x56 call at 1 thread on a Zen 3; paired,
+  // 0.78-0.86 -> 0.66-0.69 of torch's time in the same processes.
+  const bool left_pair = pairs && p.padding[1] == 1 && inner_begin == kGroup;
+  const bool right_pair = pairs && whole_groups - inner_end == kGroup &&
+                          (inner_end + kGroup - 1) * kStride - p.padding[1] + kKw - p.W == 1;
   at::parallel_for(0, plan.tasks, 1, [&](int64_t first, int64_t last) {
     const auto rows = scratch<const scalar_t*>(Kh);  // each kernel row's input row
     const auto w = scratch<Vec>(plan.vectors * n_taps);
@@ -1175,8 +1189,8 @@ void convolve_depthwise_nhwc(const Problem& p, const scalar_t* x, const Layout& 
       for (int64_t v = 0; v < plan.vectors; ++v) {
         for (int64_t t = 0; t < n_taps; ++t) w[v * n_taps + t] = Vec::loadu(&weights[t * Cpad + c0 + v * V]);
       }
-      // Output row oh, its interior groups too where `interior`.
-      const auto output_row = [&](int64_t oh, bool interior) {
+      // Output row oh; where `paired`, not the groups the row pair takes.
+      const auto output_row = [&](int64_t oh, bool paired) {
         uint32_t rows_inside = 0;
         for (int64_t kh = 0; kh < Kh; ++kh) {
           const int64_t ih = oh * sh - p.padding[0] + kh * dh;
@@ -1199,13 +1213,17 @@ void convolve_depthwise_nhwc(const Problem& p, const scalar_t* x, const Layout& 
         // group's window (Kh rows of its columns, whole lines) is read while it is in L1.
         if constexpr (kSliding) {
           const bool inner = rows_inside == (uint32_t(1) << kKh) - 1 && inner_begin < inner_end;
-          edge_groups<scalar_t, kKh, kKw, kStride>(row_vectors, vectors, 0, inner ? inner_begin : whole_groups,
-                                                   out_row, ol.w);
-          if (inner && interior) {
+          if (!(paired && left_pair)) {
+            edge_groups<scalar_t, kKh, kKw, kStride>(row_vectors, vectors, 0, inner ? inner_begin : whole_groups,
+                                                     out_row, ol.w);
+          }
+          if (inner && !paired) {
             interior_groups<scalar_t, kKh, kKw, kStride, 1>(row_vectors, vectors, rows.get(), inner_begin, inner_end,
                                                              out_row, ol.w, ol.h);
           }
-          if (inner) edge_groups<scalar_t, kKh, kKw, kStride>(row_vectors, vectors, inner_end, whole_groups, out_row, ol.w);
+          if (inner && !(paired && right_pair)) {
+            edge_groups<scalar_t, kKh, kKw, kStride>(row_vectors, vectors, inner_end, whole_groups, out_row, ol.w);
+          }
         } else {
           for (int64_t ow = 0; ow < whole_groups; ow += kGroup) {
             for (int64_t v = 0; v < vectors; ++v) pixels(std::integral_constant<int, kGroup>{}, v, ow);
@@ -1220,16 +1238,25 @@ void convolve_depthwise_nhwc(const Problem& p, const scalar_t* x, const Layout& 
         if constexpr (kRowPairs) {
           const int64_t ih = oh - p.padding[0];  // at row stride and dilation 1
           if (pairs && oh + 1 < oh1 && ih >= 0 && ih + kKh < p.H) {
-            output_row(oh, false), output_row(oh + 1, false);
+            output_row(oh, true), output_row(oh + 1, true);
             const scalar_t* pair_rows[kKh + 1];
             for (int64_t r = 0; r <= kKh; ++r) pair_rows[r] = x + n * xl.n + (ih + r) * xl.h + c0;
+            scalar_t* const out_rows = out + n * ol.n + oh * ol.h + c0;
+            if (left_pair) {
+              interior_groups<scalar_t, kKh, kKw, kStride, 2, 1, 0>(row_vectors, vectors, pair_rows, 0, kGroup,
+                                                                     out_rows, ol.w, ol.h);
+            }
             interior_groups<scalar_t, kKh, kKw, kStride, 2>(row_vectors, vectors, pair_rows, inner_begin, inner_end,
-                                                             out + n * ol.n + oh * ol.h + c0, ol.w, ol.h);
+                                                             out_rows, ol.w, ol.h);
+            if (right_pair) {
+              interior_groups<scalar_t, kKh, kKw, kStride, 2, 0, 1>(row_vectors, vectors, pair_rows, inner_end,
+                                                                     whole_groups, out_rows, ol.w, ol.h);
+            }
             oh += 2;
             continue;
           }
         }
-        output_row(oh, true);
+        output_row(oh, false);
         oh += 1;
       }
     }
