@@ -1172,7 +1172,7 @@ void convolve_depthwise_nhwc(const Problem& p, const scalar_t* x, const Layout& 
   // Row pairs take the edge group at either end too where it is one group whose window has one
   // column of padding (a 3x3 with padding 1): one row at a time (edge_groups), the sixth of the
   // groups at the edges took 30% of a float32 4x128x56x56 call at 1 thread on a Zen 3; paired,
-  // 0.78-0.86 -> 0.66-0.69 of torch's time in the same processes.
+  // 0.78-0.90 -> 0.66-0.76 of torch's time in the same processes.
   const bool left_pair = pairs && p.padding[1] == 1 && inner_begin == kGroup;
   const bool right_pair = pairs && whole_groups - inner_end == kGroup &&
                           (inner_end + kGroup - 1) * kStride - p.padding[1] + kKw - p.W == 1;
