@@ -149,6 +149,16 @@ def test_parity_suites_pass_at_every_other_level(level):
     assert " passed" in result.stdout.splitlines()[-1], result.stdout[-500:]
 
 
+@pytest.mark.parametrize("level", OTHER_LEVELS)
+def test_bias_gradient_order_holds_at_every_other_level(level):
+    """fuel_backward::conv_bias_grad's sums are compiled per level (bias_grad_sums.h): its order
+    tests (lane by position mod 16, rounded once; both layouts, every dtype) pass at each level."""
+    args = ["-q", "-x", "-p", "no:cacheprovider", "test_autograd.py", "-k", "bias_gradient"]
+    result = child(f"import sys, pytest; sys.exit(pytest.main({args!r}))", level, timeout=600)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout.splitlines()[-1], result.stdout[-500:]
+
+
 def vector_instructions_outside_their_level(disassembly: str) -> list[str]:
     """Functions whose instructions need a higher level than the namespace they belong to.
 

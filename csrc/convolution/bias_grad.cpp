@@ -17,72 +17,29 @@
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
-#include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include <vector>
-
 #include "../contract_rules.h"
+#include "../dispatch.h"
+#include "kernel_table.h"
 
 namespace fuel {
+
+// One table per instruction-set level, from csrc/kernels/convolution_kernels.cpp; the sums'
+// loops are in bias_grad_sums.h.
+FUEL_DECLARE_KERNELS(ConvolutionKernels, convolution_kernels)
+
 namespace {
 
 using at::Tensor;
-
-constexpr int64_t kLanes = 16;
-
-// A channels_last gradient holds each position's channels side by side: a thread keeps its
-// channels' lanes as [lane][channel] and adds each position's channels into lane (position mod 16),
-// so each (channel, lane) takes the terms the NCHW loop gives it, in the same order.
-template <typename T, typename Acc>
-void sum_channels_last(const T* src, int64_t N, int64_t C, int64_t HW, int64_t first, int64_t last, Acc* dst) {
-  const int64_t width = last - first;
-  std::vector<Acc> lanes(kLanes * width, Acc(0));
-  for (int64_t n = 0; n < N; ++n) {
-    for (int64_t p = 0; p < HW; ++p) {
-      const T* channels = src + (n * HW + p) * C + first;
-      Acc* lane = lanes.data() + p % kLanes * width;
-      for (int64_t c = 0; c < width; ++c) lane[c] += static_cast<Acc>(channels[c]);
-    }
-  }
-  for (int64_t c = 0; c < width; ++c) {
-    Acc sum(0);
-    for (int64_t l = 0; l < kLanes; ++l) sum += lanes[l * width + c];
-    dst[first + c] = sum;
-  }
-}
-
-template <typename T, typename Acc>
-void sum_channels_first(const T* src, int64_t N, int64_t C, int64_t HW, int64_t first, int64_t last, Acc* dst) {
-  for (int64_t c = first; c < last; ++c) {
-    Acc lanes[kLanes] = {};
-    for (int64_t n = 0; n < N; ++n) {
-      const T* run = src + (n * C + c) * HW;
-      int64_t j = 0;
-      for (; j + kLanes <= HW; j += kLanes) {
-        for (int64_t l = 0; l < kLanes; ++l) lanes[l] += static_cast<Acc>(run[j + l]);
-      }
-      for (int64_t l = 0; j + l < HW; ++l) lanes[l] += static_cast<Acc>(run[j + l]);
-    }
-    Acc sum(0);
-    for (Acc lane : lanes) sum += lane;
-    dst[c] = sum;
-  }
-}
 
 template <typename T>
 Tensor sum_channels(const Tensor& g) {
   using Acc = at::opmath_type<T>;
   const int64_t N = g.size(0), C = g.size(1), HW = g.size(2) * g.size(3);
   Tensor total = at::empty({C}, g.options().dtype(c10::CppTypeToScalarType<Acc>::value));
-  const T* src = g.const_data_ptr<T>();
-  Acc* dst = total.mutable_data_ptr<Acc>();
-  const bool channels_last = !g.is_contiguous();
-  // A channels_last thread wants a run of channels wide enough to fill its vector adds.
-  at::parallel_for(0, C, channels_last ? 16 : 1, [&](int64_t first, int64_t last) {
-    if (channels_last) return sum_channels_last(src, N, C, HW, first, last, dst);
-    sum_channels_first(src, N, C, HW, first, last, dst);
-  });
+  FUEL_KERNELS_FOR_CPU(convolution_kernels).bias_grad[kernel_dtype_slot(g.scalar_type())](
+      g.const_data_ptr<T>(), N, C, HW, !g.is_contiguous(), total.mutable_data_ptr<Acc>());
   return total.scalar_type() == g.scalar_type() ? total : total.to(g.scalar_type());
 }
 

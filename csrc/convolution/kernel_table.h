@@ -23,10 +23,16 @@ using WideBrgemmKernel = bool (*)(const Problem& p, const ConvOperands& operands
 using DepthwiseWeightGradKernel = bool (*)(const Problem& p, const void* x, const Layout& x_layout,
                                            const void* grad_out, const Layout& grad_layout, void* dw);
 
+// The bias gradient's per-channel sums of a dense gradient (bias_grad_sums.h) into `sums`, in
+// at::opmath_type of the dtype.
+using BiasGradKernel = void (*)(const void* gradient, int64_t N, int64_t C, int64_t HW, bool channels_last,
+                                void* sums);
+
 struct ConvolutionKernels {
   std::array<ConvolutionKernel, 4> convolve;            // float, double, BFloat16, Half
   std::array<WideBrgemmKernel, 4> wide_brgemm_if_served;  // the same order
   std::array<DepthwiseWeightGradKernel, 4> depthwise_weight_grad;  // the same order
+  std::array<BiasGradKernel, 4> bias_grad;  // the same order
 };
 
 // Where torch's brgemm runs bfloat16 for us (cpu_capability.cpp): the AMX tile unit, AVX512_BF16
