@@ -35,7 +35,8 @@ def amx_convolution() -> bool:
 
 
 def float_brgemm() -> bool:
-    """Whether float32 convolutions may run on torch's brgemm (oneDNN's kernel): those of the
+    """Whether float32 convolutions may run on the brgemm paths (fuel's register tile at AVX2,
+    csrc/convolution/float_brgemm.h; torch's brgemm, oneDNN's kernel, at AVX512): those of the
     weight-gradient shape (long kernel rows, few outputs, as autograd's weight gradients are), and
     at the AVX512 level those with at least 16 channels per group in and out (one brgemm per
     spatial tap). On when the kernels run above DEFAULT, torch.backends.mkldnn is enabled (checked

@@ -685,8 +685,7 @@ struct PatchCall {
                   const scalar_t* b, int64_t ldb) const {
     const int64_t chunk = paired ? K : kPatchChunk;
     for (int64_t k0 = 0; k0 < K; k0 += chunk) {
-      at::native::cpublas::brgemm(rows, cols, std::min(chunk, K - k0), lda, ldb, ldc, true, a + k0, b + k0 * ldb, c,
-                                  paired);
+      dtype_brgemm(rows, cols, std::min(chunk, K - k0), lda, ldb, ldc, true, a + k0, b + k0 * ldb, c);
     }
   }
 
@@ -762,7 +761,9 @@ std::vector<char> convolve_patch_brgemm(const Problem& p, const Axis& ax_h, cons
   ImageExponents* const seen = std::is_same_v<scalar_t, at::BFloat16> ? &rule.seen : nullptr;
   scalar_t* const staged = x_in_place ? nullptr : reused_planes<scalar_t>(p.N * p.groups * st.image_group + kRunSlack);
   if (staged) stage_input<scalar_t>(p, st, x, xl, staged, seen);
-  const std::vector<char> to_compute = x_in_place ? std::vector<char>(p.N, 1) : rule.images_passing<scalar_t>(p.N);
+  // Not const: returned or handed on by move (a copy of it, compiled here at the level's ISA, is a
+  // std:: function the linker may pick for every level: test_isa_levels.py).
+  std::vector<char> to_compute = x_in_place ? std::vector<char>(p.N, 1) : rule.images_passing<scalar_t>(p.N);
   if (std::find(to_compute.begin(), to_compute.end(), 1) == to_compute.end()) return to_compute;
 
   int64_t max_positions = 1;
@@ -788,7 +789,7 @@ std::vector<char> convolve_patch_brgemm(const Problem& p, const Axis& ax_h, cons
     at::native::cpublas::brgemm_release(PatchCall<scalar_t>::paired);
   });
   // Staged, the images that pass were known before the tasks; read in place, only now.
-  const std::vector<char> done = x_in_place ? rule.images_passing<scalar_t>(p.N) : to_compute;
+  std::vector<char> done = x_in_place ? rule.images_passing<scalar_t>(p.N) : std::move(to_compute);
   count_patch_images<scalar_t>(done, x_in_place);
   return done;
 }

@@ -1,6 +1,7 @@
-// float32 1x1 conv2d of channels_last operands on torch's brgemm: an output pixel's channels are one
+// float32 1x1 conv2d of channels_last operands on float_brgemm: an output pixel's channels are one
 // row of x's pixel times the weight, so A is x read in place (a pixel's channels, the pixels of a
-// block sw * C apart), B the weight packed [Cin][Cout] once per call, and C the output itself,
+// block sw * C apart), B the weight packed [Cin][Cout] once per call (in column panels where the
+// level's kernel wants them: float_brgemm.h), and C the output itself,
 // written in place over the bias.
 //
 // The per-tap path (tap_brgemm.h), which takes the same calls, multiplies NCHW planes, [channel]
@@ -13,6 +14,7 @@
 
 #include <ATen/native/CPUBlas.h>
 
+#include "float_brgemm.h"
 #include "kernel_common.h"
 #include "kernel_table.h"
 
@@ -44,11 +46,15 @@ inline void convolve_pointwise_nhwc(const Problem& p, const float* x, const Layo
   // Element (ci, co) of group g: conv2d's weight is [Cout][Cin / G], conv_transpose2d's [Cin][Cout / G].
   const int64_t ci_stride = p.transpose ? ws[0] : ws[1], co_stride = p.transpose ? ws[1] : ws[0];
   const int64_t group_stride = p.transpose ? Cin_g * ws[0] : Cout_g * ws[0];
-  std::vector<float> packed(G * Cin_g * Cout_g);  // group g: [ci][co]
+  // Group g's [ci][co] in panels of b_panel_cols outputs, each [ci][column].
+  const int64_t panel_cols = b_panel_cols(Cout_g);
+  std::vector<float> packed(G * Cin_g * Cout_g);
   for (int64_t g = 0; g < G; ++g) {
-    for (int64_t ci = 0; ci < Cin_g; ++ci) {
-      for (int64_t co = 0; co < Cout_g; ++co) {
-        packed[(g * Cin_g + ci) * Cout_g + co] = w[g * group_stride + ci * ci_stride + co * co_stride];
+    for (int64_t j0 = 0; j0 < Cout_g; j0 += panel_cols) {
+      const int64_t cols = std::min(panel_cols, Cout_g - j0);
+      float* panel = packed.data() + g * Cin_g * Cout_g + j0 * Cin_g;
+      for (int64_t ci = 0; ci < Cin_g; ++ci) {
+        for (int64_t j = 0; j < cols; ++j) panel[ci * cols + j] = w[g * group_stride + ci * ci_stride + (j0 + j) * co_stride];
       }
     }
   }
@@ -71,17 +77,20 @@ inline void convolve_pointwise_nhwc(const Problem& p, const float* x, const Layo
       for (int64_t i = 0; i < count; ++i) {
         for (int64_t co = 0; co < Cout_g; ++co) c[i * ol.w + co] = bias ? bias[g * Cout_g + co] : 0.f;
       }
-      const float* b = packed.data() + g * Cin_g * Cout_g;
-      if (Cin_g <= kTapChunk) {
-        cpublas::brgemm(count, Cout_g, Cin_g, ld_a, Cout_g, ol.w, true, a, b, c, false);
-        continue;
-      }
-      // More than kTapChunk channels: each chunk summed from zero, then added to C.
-      for (int64_t k0 = 0; k0 < Cin_g; k0 += kTapChunk) {
-        const int64_t kc = std::min(kTapChunk, Cin_g - k0);
-        cpublas::brgemm(count, Cout_g, kc, ld_a, Cout_g, Cout_g, false, a + k0, b + k0 * Cout_g, part.get(), false);
-        for (int64_t i = 0; i < count; ++i) {
-          for (int64_t co = 0; co < Cout_g; ++co) c[i * ol.w + co] += part[i * Cout_g + co];
+      for (int64_t c0 = 0; c0 < Cout_g; c0 += panel_cols) {
+        const int64_t cols = std::min(panel_cols, Cout_g - c0);
+        const float* b = packed.data() + g * Cin_g * Cout_g + c0 * Cin_g;
+        if (Cin_g <= kTapChunk) {
+          float_brgemm(count, cols, Cin_g, ld_a, cols, ol.w, true, a, b, c + c0);
+          continue;
+        }
+        // More than kTapChunk channels: each chunk summed from zero, then added to C.
+        for (int64_t k0 = 0; k0 < Cin_g; k0 += kTapChunk) {
+          const int64_t kc = std::min(kTapChunk, Cin_g - k0);
+          float_brgemm(count, cols, kc, ld_a, cols, cols, false, a + k0, b + k0 * cols, part.get());
+          for (int64_t i = 0; i < count; ++i) {
+            for (int64_t co = 0; co < cols; ++co) c[i * ol.w + c0 + co] += part[i * cols + co];
+          }
         }
       }
     }

@@ -33,6 +33,7 @@
 #include <atomic>
 
 #include "axes.h"
+#include "float_brgemm.h"
 #include "kernel_table.h"
 #include "kernel_common.h"
 #include "planar.h"
@@ -416,15 +417,15 @@ std::vector<char> convolve_tap_brgemm(const Problem& p, const Axis& ax_h, const 
           // columns are dropped, so every task runs one kernel shape.
           const int64_t n_cols = tp.in_place ? q1 - q0 : kPositions;
           if (paired || K <= kTapChunk) {
-            cpublas::brgemm(rows, n_cols, K, K, tp.ld_b, kPositions, true, a_tap, run, c, paired);
+            dtype_brgemm(rows, n_cols, K, K, tp.ld_b, kPositions, true, a_tap, run, c);
           } else {
             // float32 over more than kTapChunk channels: each chunk summed from zero and added to C, as
             // the chassis chunks its taps (one running sum over thousands of channels would drift
             // where the operands share a sign).
             for (int64_t k0 = 0; k0 < K; k0 += kTapChunk) {
               const int64_t kc = std::min(kTapChunk, K - k0);
-              cpublas::brgemm(rows, n_cols, kc, K, tp.ld_b, kPositions, false, a_tap + k0, run + k0 * tp.ld_b,
-                              part.get(), false);
+              dtype_brgemm(rows, n_cols, kc, K, tp.ld_b, kPositions, false, a_tap + k0, run + k0 * tp.ld_b,
+                           part.get());
               for (int64_t i = 0; i < rows * kPositions; ++i) c[i] += part[i];
             }
           }

@@ -32,6 +32,7 @@
 
 #include <cmath>
 
+#include "float_brgemm.h"
 #include "tap_brgemm.h"
 #include "tiles.h"
 #include "kernel_table.h"
@@ -337,7 +338,7 @@ void convolve_wide_brgemm(const Problem& p, const scalar_t* x, const Layout& xl,
           const scalar_t* a = buf.a + co0 * g.K + k0;
           const scalar_t* b = paired ? (shift % 2 ? buf.x_odd : buf.x_even) + (shift / 2) * 2 * p.N + 2 * b0
                                      : buf.x + shift * p.N + b0;
-          cpublas::brgemm(rows, cols, kc, g.K, p.N, cols, true, a, b, acc.get() + t * kTile, paired);
+          dtype_brgemm(rows, cols, kc, g.K, p.N, cols, true, a, b, acc.get() + t * kTile);
         }
       }
       cpublas::brgemm_release(paired);

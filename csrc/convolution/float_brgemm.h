@@ -1,0 +1,132 @@
+// float32 C = (add_c ? C : 0) + A B, the one product every float32 brgemm path asks for: A [M][K]
+// (rows lda apart), B [K][N] (rows ldb apart), C [M][N] (rows ldc apart). Each C element is one fused
+// multiply-add chain over k in order from zero, then added to C: the sums oneDNN's brgemm kernel
+// computes (torch's at::native::cpublas::brgemm), so either gives the same bits.
+//
+// At AVX2 the register tile below runs instead of oneDNN's (torch's brgemm still gates these paths:
+// float_brgemm_enabled()). fuel / torch on a Zen 3 at 1 thread, oneDNN's kernel against this tile in
+// the same processes, two runs: the channels_last 1x1 4x256x28x28 -> 64 0.83-1.20 -> 0.77-0.88 (its
+// B packed in panels, below), the channels_last grouped 3x3 0.74-1.02 -> 0.66-1.00, the NCHW grouped
+// 0.75-0.82 -> 0.70-0.73, the NCHW ResNet 3x3 1.14-1.18 -> 1.05-1.15; the other rows within the
+// noise (the NCHW upsampling 0.74-0.83 -> 0.80-0.84). The channels_last plane path keeps oneDNN's
+// kernel (plane_brgemm.h). AVX-512 keeps oneDNN's kernel (unmeasured here).
+#pragma once
+
+#include <ATen/native/CPUBlas.h>
+
+#include "kernel_common.h"
+
+namespace fuel {
+namespace CPU_CAPABILITY {
+
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+
+// A tile: kGemmRows rows of A, each broadcast against two vectors of a B row (12 accumulators and
+// the two B vectors in AVX2's 16 registers).
+constexpr int64_t kGemmRows = 6;
+constexpr int64_t kGemmCols = 2 * Vectorized<float>::size();
+
+// One tile of whole columns; C's columns [0, kGemmCols) of rows [0, kRows).
+template <int64_t kRows>
+inline void gemm_tile(int64_t K, const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
+                      bool add_c) {
+  using Vec = Vectorized<float>;
+  constexpr int64_t V = Vec::size();
+  // The row loops unrolled by force: the accumulators then live in registers (left to the
+  // optimizer, they went through the stack every step in some callers, at a third of the speed).
+  Vec acc[kRows][2];
+#pragma GCC unroll 16
+  for (int64_t r = 0; r < kRows; ++r) acc[r][0] = acc[r][1] = Vec(0.f);
+  for (int64_t k = 0; k < K; ++k) {
+    const Vec b0 = Vec::loadu(b + k * ldb), b1 = Vec::loadu(b + k * ldb + V);
+#pragma GCC unroll 16
+    for (int64_t r = 0; r < kRows; ++r) {
+      const Vec ar(a[r * lda + k]);
+      acc[r][0] = at::vec::fmadd(ar, b0, acc[r][0]);
+      acc[r][1] = at::vec::fmadd(ar, b1, acc[r][1]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int64_t r = 0; r < kRows; ++r) {
+    for (int64_t half = 0; half < 2; ++half) {
+      float* dst = c + r * ldc + half * V;
+      (add_c ? Vec::loadu(dst) + acc[r][half] : acc[r][half]).store(dst);
+    }
+  }
+}
+
+template <int64_t kRows = kGemmRows>
+inline void gemm_rows(int64_t rows, int64_t K, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
+                      int64_t ldc, bool add_c) {
+  if constexpr (kRows > 0) {
+    if (rows == kRows) return gemm_tile<kRows>(K, a, lda, b, ldb, c, ldc, add_c);
+    return gemm_rows<kRows - 1>(rows, K, a, lda, b, ldb, c, ldc, add_c);
+  }
+}
+
+inline void own_float_brgemm(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc, bool add_c,
+                             const float* a, const float* b, float* c) {
+  // Column panels outermost: a panel of B stays in L1 while A's rows go by (rows outermost, which
+  // keeps A's tile in L1 instead, was no faster on any benchmark row).
+  const int64_t j0 = N / kGemmCols * kGemmCols;
+  for (int64_t j = 0; j < j0; j += kGemmCols) {
+    for (int64_t i0 = 0; i0 < M; i0 += kGemmRows) {
+      gemm_rows(std::min(kGemmRows, M - i0), K, a + i0 * lda, lda, b + j, ldb, c + i0 * ldc + j, ldc, add_c);
+    }
+  }
+  if (j0 == N) return;
+  // The last columns: B's copied into a panel padded with zeros, the tile computed aside, the
+  // columns that exist added to (or written over) C.
+  const int64_t cols = N - j0;
+  const auto panel = scratch<float>(K * kGemmCols);
+  for (int64_t k = 0; k < K; ++k) {
+    for (int64_t j = 0; j < kGemmCols; ++j) panel[k * kGemmCols + j] = j < cols ? b[k * ldb + j0 + j] : 0.f;
+  }
+  float tile[kGemmRows * kGemmCols];
+  for (int64_t i0 = 0; i0 < M; i0 += kGemmRows) {
+    const int64_t rows = std::min(kGemmRows, M - i0);
+    gemm_rows(rows, K, a + i0 * lda, lda, panel.get(), kGemmCols, tile, kGemmCols, false);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* dst = c + (i0 + r) * ldc + j0;
+      for (int64_t j = 0; j < cols; ++j) dst[j] = add_c ? dst[j] + tile[r * kGemmCols + j] : tile[r * kGemmCols + j];
+    }
+  }
+}
+
+#if defined(CPU_CAPABILITY_AVX2)
+constexpr bool kOwnFloatGemm = true;
+#else
+constexpr bool kOwnFloatGemm = false;
+#endif
+
+// How many of B's N columns one float_brgemm call should read: callers that pack B pack it in panels
+// of this many columns, each [K][cols], and call once per panel. The register tile then reads a
+// panel's rows back to back, which keeps the panel in L1 (rows of a 64-column B, 256 bytes apart,
+// fall in a quarter of L1's sets: the 1x1 call above took 5-25% longer so); oneDNN's kernel takes
+// all the columns in one call.
+inline int64_t b_panel_cols(int64_t N) { return kOwnFloatGemm ? std::min(kGemmCols, N) : N; }
+
+inline void float_brgemm(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc, bool add_c,
+                         const float* a, const float* b, float* c) {
+  if constexpr (kOwnFloatGemm) {
+    own_float_brgemm(M, N, K, lda, ldb, ldc, add_c, a, b, c);
+  } else {
+    at::native::cpublas::brgemm(M, N, K, lda, ldb, ldc, add_c, a, b, c, false);
+  }
+}
+
+// A path's brgemm for its dtype: float32 as above, bfloat16 on oneDNN's kernel with B in pairs.
+template <typename scalar_t>
+inline void dtype_brgemm(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc, bool add_c,
+                         const scalar_t* a, const scalar_t* b, float* c) {
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    float_brgemm(M, N, K, lda, ldb, ldc, add_c, a, b, c);
+  } else {
+    at::native::cpublas::brgemm(M, N, K, lda, ldb, ldc, add_c, a, b, c, true);
+  }
+}
+
+#endif
+
+}  // namespace CPU_CAPABILITY
+}  // namespace fuel

@@ -1,0 +1,134 @@
+"""The float32 brgemm paths' product (csrc/convolution/float_brgemm.h) computes the contract's sums.
+
+Every float32 brgemm call is C = C + (one fused multiply-add chain over its terms in order, from
+zero): at AVX2 fuel's own register tile computes it, at AVX-512 oneDNN's kernel. The other tests
+compare the paths with one another, which both kernels would pass alike; here each output is
+checked bit for bit against that order emulated in float64, independently of either kernel:
+
+- a 1x1 conv2d (channels_last: the pointwise path; NCHW: the per-tap path) of 300 channels, two
+  chunks of 256 and 44 terms, the first added to the bias, the second to that;
+- a 3x3 conv2d of 64 channels that keeps the image's size (the plane path, both layouts): per tap
+  (rows, then columns), its 64 channels summed from zero and added in turn, a tap in the padding
+  adding nothing;
+
+with output-channel counts that end in a partial column panel (19, 24, 40) and pixel counts that end
+in a partial row tile (35, 27 an image, 54); each call checked to run on the path named. Where the
+float32 brgemm paths are off (the DEFAULT level, FUEL_BRGEMM=0) the chassis serves these calls in
+its own order: there the test checks that, and the values against the contract's bound.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fuel_torch
+
+from brgemm_cases import brgemm_serves
+from test_convolution import check_values
+
+
+def fma32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """float32 a * b + c rounded once, from float64 tensors holding float32 values.
+
+    The product is exact in float64; the float64 sum rounds, and rounding that again to float32
+    can differ from rounding the exact value once only where the float64 sum lands exactly halfway
+    between two float32 values: there the sum's error (TwoSum) says which way the exact value lies.
+    """
+    p = a * b
+    s = p + c
+    bv = s - p
+    err = (p - (s - bv)) + (c - bv)
+    r = s.to(torch.float32).to(torch.float64)
+    up = torch.nextafter(r.float(), torch.tensor(float("inf"))).double()
+    down = torch.nextafter(r.float(), torch.tensor(float("-inf"))).double()
+    halfway_up = (s - r) * 2 == (up - r)
+    halfway_down = (r - s) * 2 == (r - down)
+    r = torch.where(halfway_up & (err > 0), up, r)
+    r = torch.where(halfway_down & (err < 0), down, r)
+    return r
+
+
+def add32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return (a + b).to(torch.float32).to(torch.float64)  # a sum of two floats rounds right this way
+
+
+def chunked_sums(terms, bias: torch.Tensor, chunk_ends) -> torch.Tensor:
+    """bias, then for each chunk its fused chain over (x_term, w_term) pairs from zero, added in turn.
+
+    terms: a list of (x, w) float64 tensors broadcasting to the output's shape, in the sums' order;
+    chunk_ends: the index after each chunk's last term.
+    """
+    out, start = bias, 0
+    for end in chunk_ends:
+        acc = torch.zeros_like(out)
+        for x_term, w_term in terms[start:end]:
+            acc = fma32(x_term, w_term, acc)
+        out, start = add32(out, acc), end
+    return out
+
+
+def pointwise_reference(x, w, b):
+    xd, wd = x.double(), w.double()
+    terms = [(xd[:, ci, None], wd[None, :, ci, 0, 0, None, None]) for ci in range(x.shape[1])]
+    bias = b.double()[None, :, None, None].expand(x.shape[0], w.shape[0], *x.shape[2:])
+    return chunked_sums(terms, bias, [min(end, x.shape[1]) for end in range(256, x.shape[1] + 256, 256)])
+
+
+def plane_reference(x, w, b):
+    n, cin, h, wdt = x.shape
+    padded = torch.nn.functional.pad(x.double(), (1, 1, 1, 1))
+    wd = w.double()
+    terms = []
+    for kh in range(3):
+        for kw in range(3):
+            window = padded[:, :, kh:kh + h, kw:kw + wdt]
+            terms += [(window[:, ci, None], wd[None, :, ci, kh, kw, None, None]) for ci in range(cin)]
+    bias = b.double()[None, :, None, None].expand(n, w.shape[0], h, wdt)
+    # A tap in the padding reads zeros: its chain is +0 and adding it keeps every sum's bits.
+    return chunked_sums(terms, bias, [cin * (t + 1) for t in range(9)])
+
+
+CASES = [  # (path, x shape, weight shape, padding, reference)
+    ("pointwise", (1, 300, 5, 7), (19, 300, 1, 1), 0, pointwise_reference),
+    ("pointwise", (2, 300, 3, 9), (24, 300, 1, 1), 0, pointwise_reference),
+    ("plane", (1, 64, 6, 9), (19, 64, 3, 3), 1, plane_reference),
+    ("plane", (1, 64, 5, 7), (40, 64, 3, 3), 1, plane_reference),
+]
+# The path counter each case moves, by x's layout (an NCHW 1x1 runs one brgemm per tap).
+COUNTERS = {("pointwise", "nchw"): "float_brgemm_images", ("pointwise", "nhwc"): "pointwise_brgemm_images",
+            ("plane", "nchw"): "plane_brgemm_images", ("plane", "nhwc"): "plane_brgemm_images"}
+FORMATS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
+
+
+@pytest.mark.parametrize("layout", FORMATS)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[2][0]}")
+def test_float32_sums_follow_the_contract_bit_for_bit(case, layout):
+    path, x_shape, w_shape, padding, expected_of = case
+    g = torch.Generator().manual_seed(sum(x_shape) + w_shape[0])
+    x = torch.randn(x_shape, generator=g).contiguous(memory_format=FORMATS[layout])
+    w = torch.randn(w_shape, generator=g).contiguous(memory_format=FORMATS[layout])
+    b = torch.randn(w_shape[0], generator=g)
+    counter = COUNTERS[path, layout]
+    before = fuel_torch._C.path_counts()[counter]
+    ours = fuel_torch.conv2d(x, w, b, padding=padding)
+    served = fuel_torch._C.path_counts()[counter] - before
+    if not brgemm_serves(torch.float32):
+        assert served == 0
+        check_values("conv2d", ours.contiguous(), x.contiguous(), w, b, dict(padding=padding))
+        return
+    assert served == x_shape[0]
+    expected = expected_of(x, w, b).float().contiguous(memory_format=FORMATS[layout])
+    mismatch = ours.view(torch.int32) != expected.view(torch.int32)
+    assert not mismatch.any(), f"{int(mismatch.sum())} of {ours.numel()} outputs differ from the contract's order"
+
+
+def test_the_reference_tells_a_fused_chain_from_a_rounded_one():
+    # The test above can fail: the same chain with each product rounded first (no fused
+    # multiply-add) differs from the reference, and so would a kernel that did that.
+    g = torch.Generator().manual_seed(7)
+    x, w = torch.randn(300, 64, generator=g).double(), torch.randn(300, 64, generator=g).double()
+    fused, unfused = torch.zeros(64, dtype=torch.float64), torch.zeros(64, dtype=torch.float64)
+    for k in range(300):
+        fused = fma32(x[k], w[k], fused)
+        unfused = add32((x[k] * w[k]).float().double(), unfused)
+    assert not torch.equal(fused, unfused)
