@@ -122,6 +122,7 @@ inline void dtype_brgemm(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t l
   if constexpr (std::is_same_v<scalar_t, float>) {
     float_brgemm(M, N, K, lda, ldb, ldc, add_c, a, b, c);
   } else {
+    static_assert(std::is_same_v<scalar_t, at::BFloat16>, "the brgemm paths take float32 and bfloat16 only");
     at::native::cpublas::brgemm(M, N, K, lda, ldb, ldc, add_c, a, b, c, true);
   }
 }
