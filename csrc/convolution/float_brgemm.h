@@ -78,14 +78,16 @@ inline void own_float_brgemm(int64_t M, int64_t N, int64_t K, int64_t lda, int64
   // The last columns: B's copied into a panel padded with zeros, the tile computed aside, the
   // columns that exist added to (or written over) C.
   const int64_t cols = N - j0;
-  const auto panel = scratch<float>(K * kGemmCols);
+  // Every caller's K is one chunk of at most kTapChunk terms, so the panel fits on the stack.
+  TORCH_INTERNAL_ASSERT(K <= kTapChunk);  // no message arguments: their formatting would be compiled per level
+  alignas(64) float panel[kTapChunk * kGemmCols];
   for (int64_t k = 0; k < K; ++k) {
     for (int64_t j = 0; j < kGemmCols; ++j) panel[k * kGemmCols + j] = j < cols ? b[k * ldb + j0 + j] : 0.f;
   }
   float tile[kGemmRows * kGemmCols];
   for (int64_t i0 = 0; i0 < M; i0 += kGemmRows) {
     const int64_t rows = std::min(kGemmRows, M - i0);
-    gemm_rows(rows, K, a + i0 * lda, lda, panel.get(), kGemmCols, tile, kGemmCols, false);
+    gemm_rows(rows, K, a + i0 * lda, lda, panel, kGemmCols, tile, kGemmCols, false);
     for (int64_t r = 0; r < rows; ++r) {
       float* dst = c + (i0 + r) * ldc + j0;
       for (int64_t j = 0; j < cols; ++j) dst[j] = add_c ? dst[j] + tile[r * kGemmCols + j] : tile[r * kGemmCols + j];
