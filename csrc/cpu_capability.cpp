@@ -258,6 +258,7 @@ void bind_cpu_capability(pybind11::module_& m) {
                                           {"patch_brgemm_images", c.patch_brgemm_images.load()},
                                           {"patch_x_in_place_images", c.patch_x_in_place_images.load()},
                                           {"plane_brgemm_images", c.plane_brgemm_images.load()},
+                                          {"plane_staged_images", c.plane_staged_images.load()},
                                           {"wide_brgemm_calls", c.wide_brgemm_calls.load()},
                                           {"pointwise_brgemm_images", c.pointwise_brgemm_images.load()},
                                           {"depthwise_channels_last_calls", c.depthwise_channels_last_calls.load()},
@@ -267,7 +268,8 @@ void bind_cpu_capability(pybind11::module_& m) {
      "wide-kernel brgemm path, the channels_last depthwise kernel, the NCHW depthwise kernel reading x in place (without lines) and the depthwise weight gradient read in place have computed since import (float_brgemm_images "
      "includes pointwise_brgemm_images, the float32 1x1 channels_last calls read in place; patch_brgemm_images "
      "includes patch_x_in_place_images, the calls whose patches were read from x without staging, and "
-     "plane_brgemm_images, float32 calls of the input's size computed on x and the output in place).");
+     "plane_brgemm_images, float32 calls of the input's size computed on x and the output in place, which "
+     "includes plane_staged_images, those NCHW calls whose planes crowd L1's sets, x copied per block).");
   m.def("bfloat16_brgemm", [] {
     switch (bfloat16_brgemm_unit()) {
       case Bf16Unit::tiles: return std::string("AMX");

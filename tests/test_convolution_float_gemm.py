@@ -13,7 +13,8 @@ float64, independently of either kernel:
   adding nothing;
 
 with output-channel counts that end in a partial column panel (19, 24, 40) and pixel counts that end
-in a partial row tile (35, 27 an image, 54); each call checked to run on the path named. Where the
+in a partial row tile (35, 27 an image, 54), and 16x16 images, whose NCHW planes crowd into a few of
+L1's sets (B's panels copied, x staged); each call checked to run on the path named. Where the
 float32 brgemm paths are off (the DEFAULT level, FUEL_BRGEMM=0) the chassis serves these calls in
 its own order: there the test checks that, and the values against the contract's bound. At AVX512
 the paths run on oneDNN's kernel, whose order within a chunk the contract leaves to oneDNN: there
@@ -97,6 +98,10 @@ CASES = [  # (path, x shape, weight shape, padding, reference)
     ("pointwise", (2, 300, 3, 9), (24, 300, 1, 1), 0, pointwise_reference),
     ("plane", (1, 64, 6, 9), (19, 64, 3, 3), 1, plane_reference),
     ("plane", (1, 64, 5, 7), (40, 64, 3, 3), 1, plane_reference),
+    # 16x16 NCHW planes, 1 KiB apart, crowd into a few of L1's sets: the per-tap path's B panels
+    # copied by float_brgemm, the plane path's x staged per block
+    ("pointwise", (1, 300, 16, 16), (24, 300, 1, 1), 0, pointwise_reference),
+    ("plane", (1, 64, 16, 16), (19, 64, 3, 3), 1, plane_reference),
 ]
 # The path counter each case moves, by x's layout (an NCHW 1x1 runs one brgemm per tap).
 COUNTERS = {("pointwise", "nchw"): "float_brgemm_images", ("pointwise", "nhwc"): "pointwise_brgemm_images",

@@ -16,6 +16,8 @@ elements: the path puts those outputs back after the tap. Here:
 - the same bits in both layouts as the patch path's own sums (the call with an NCHW x and a
   channels_last weight, whose channels_last output this path does not take), with large values in
   each row's first and last columns, which a tap that added the neighbouring row's elements would move;
+- NCHW planes whose rows crowd into a few of L1's sets (16x16, 32x32) staged per block of
+  positions (fuel_torch._C.path_counts()["plane_staged_images"]), with the same values and bits;
 - determinism over calls, thread counts and images;
 - what the path leaves to the others: mixed layouts, a channel count that is not a whole number of
   chunks, stride 2, an output larger or smaller than x, a 1x1 kernel, bfloat16, FUEL_PATCH=0 (read
@@ -49,7 +51,12 @@ CASES = [
     ("conv2d", 1, 192, 16, 1, (3, 1), (7, 9), {"padding": (1, 0)}, True),  # taps along the columns only
     ("conv_transpose2d", 2, 64, 48, 1, (3, 3), (9, 8), {"padding": 1}, True),
     ("conv_transpose2d", 1, 128, 32, 1, (5, 5), (6, 7), {"padding": 2}, False),
+    # NCHW planes 1 and 4 KiB apart, whose rows crowd into a few of L1's sets: x staged per block
+    ("conv2d", 1, 64, 40, 1, (3, 3), (16, 16), {"padding": 1}, True),
+    ("conv2d", 1, 64, 24, 1, (3, 3), (32, 32), {"padding": 2, "dilation": 2}, False),
+    ("conv_transpose2d", 2, 128, 32, 2, (3, 3), (16, 16), {"padding": 1, "groups": 2}, True),
 ]
+CROWDED = CASES[-3:]
 
 
 def plane_images() -> int:
@@ -94,7 +101,29 @@ def test_the_bits_of_the_patch_path(case):
     assert reference.bit_equal(nchw, patch.contiguous()) and reference.bit_equal(nhwc, patch)
 
 
-@pytest.mark.parametrize("case", [CASES[1], CASES[3], CASES[7], CASES[10]], ids=case_id)
+def staged_images() -> int:
+    return fuel_torch._C.path_counts()["plane_staged_images"]
+
+
+@pytest.mark.parametrize("case", CROWDED, ids=case_id)
+def test_crowded_nchw_planes_are_staged(case):
+    # The cases above check these calls' values and bits; here, that they took the staged reads
+    # (NCHW only: a channels_last call's rows are pixels) and that a plane that does not crowd
+    # (CASES[0], 14x15) is read in place.
+    op, n, geometry = case[0], case[1], case[7]
+    x, w, b = edge_heavy_operands(case, seed=2)
+    served = n if brgemm_serves(torch.float32) else 0
+    before = staged_images()
+    API[op](x, w, b, **geometry)
+    assert staged_images() - before == served
+    API[op](x.contiguous(memory_format=torch.channels_last), w, b, **geometry)
+    uncrowded = CASES[0]
+    x, w, b = edge_heavy_operands(uncrowded, seed=2)
+    API[uncrowded[0]](x, w, b, **uncrowded[7])
+    assert staged_images() - before == served
+
+
+@pytest.mark.parametrize("case", [CASES[1], CASES[3], CASES[7], CASES[10], CROWDED[0]], ids=case_id)
 def test_deterministic(case):
     x, w, b = edge_heavy_operands(case, seed=5)
     check_deterministic(case[0], x, w, b, case[7])

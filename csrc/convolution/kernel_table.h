@@ -51,6 +51,7 @@ struct PathCounts {
   std::atomic<int64_t> patch_brgemm_images{0};     // images convolved by patch (patch_brgemm.h), either dtype
   std::atomic<int64_t> patch_x_in_place_images{0};  // of those, images whose patches were read from x itself
   std::atomic<int64_t> plane_brgemm_images{0};  // of those, float32 images computed on x and out in place (plane_brgemm.h)
+  std::atomic<int64_t> plane_staged_images{0};  // of those, NCHW images whose planes crowd L1's sets, x staged per task
   std::atomic<int64_t> wide_brgemm_calls{0};       // wide-kernel calls on brgemm (wide_brgemm.h)
   std::atomic<int64_t> pointwise_brgemm_images{0};  // float32 1x1 channels_last images (pointwise_brgemm.h), also in float_brgemm_images
   std::atomic<int64_t> depthwise_channels_last_calls{0};  // depthwise calls along the channels (depthwise.h)

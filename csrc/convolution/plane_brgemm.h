@@ -124,15 +124,42 @@ inline void convolve_plane_brgemm(const Problem& p, const Axis& ax_h, const Axis
   for (const Tap& b : taps_w) widest_shift = std::max(widest_shift, std::abs(b.offset));
   // The kept C values of one tap: the outside columns of a block's rows, for each channel of C.
   const int64_t kept_per_channel = (block / W + 2) * std::min(widest_shift, W);
+  // NCHW planes whose rows crowd into few of L1's sets (float_brgemm.h): a task first copies the
+  // positions its taps read from each of its group's planes, rows a pitch apart that spreads them
+  // over the sets. float32 3x3 64 -> 64 at 1 thread on a Zen 3, fuel / torch: 4x64x32x32 1.54 read
+  // in place, 1.19-1.27 with float_brgemm copying each B panel, 1.09-1.12 staged; 1x64x64x64 1.71 ->
+  // 1.06. Planes that do not crowd (56x56: 4 rows to a set) gained nothing from staging.
+  int64_t lowest_shift = 0, highest_shift = 0;
+  for (const Tap& th : taps_h) {
+    for (const Tap& tw : taps_w) {
+      lowest_shift = std::min(lowest_shift, th.offset * W + tw.offset);
+      highest_shift = std::max(highest_shift, th.offset * W + tw.offset);
+    }
+  }
+  const bool stage_x = planes && rows_crowd_l1(xl.c, kPatchChunk);
+  int64_t pitch = (std::min(plane, block + highest_shift - lowest_shift) + 15) / 16 * 16;
+  while (stage_x && rows_crowd_l1(pitch, kPatchChunk)) pitch += 16;  // an odd number of lines spreads them
   path_counts().float_brgemm_images += p.N;
   path_counts().patch_brgemm_images += p.N;
   path_counts().plane_brgemm_images += p.N;
+  if (stage_x) path_counts().plane_staged_images += p.N;
   at::parallel_for(0, p.N * G * blocks, 1, [&](int64_t first, int64_t last) {
     std::vector<float> kept(kPlaneChannels * kept_per_channel);
+    const auto staged = scratch<float>(stage_x ? Cin_g * pitch : 0);
     for (int64_t task = first; task < last; ++task) {
       const int64_t q0 = task % blocks * block, q1 = std::min(plane, q0 + block), g = task / blocks % G;
       const int64_t n = task / blocks / G;
+      // Where x's channel ci, position q is read: x's plane in place, or the staged copy of the
+      // positions [r0, r1) the task's taps reach.
       const float* x_group = x + n * xl.n + g * Cin_g * xl.c;
+      int64_t ld_x = xl.c, x_origin = 0;
+      if (stage_x) {
+        const int64_t r0 = std::max<int64_t>(0, q0 + lowest_shift), r1 = std::min(plane, q1 + highest_shift);
+        for (int64_t ci = 0; ci < Cin_g; ++ci) {
+          std::copy(x_group + ci * xl.c + r0, x_group + ci * xl.c + r1, staged.get() + ci * pitch);
+        }
+        x_group = staged.get(), ld_x = pitch, x_origin = r0;
+      }
       for (int64_t co0 = 0; co0 < Cout_g; co0 += kPlaneChannels) {
         const int64_t cols = std::min(kPlaneChannels, Cout_g - co0);
         // C's element (channel co, position q) at c + co * ol.c + q * ol.w, visited along its runs.
@@ -163,14 +190,15 @@ inline void convolve_plane_brgemm(const Problem& p, const Axis& ax_h, const Axis
                 each_output(s0, s1, [&](float& v, int64_t) { *saved++ = v; });
               });
               for (int64_t ci0 = 0; ci0 < Cin_g; ci0 += kPatchChunk) {
-                const float* x_run = x_group + ci0 * xl.c + (lo + shift) * xl.w;
                 if (planes) {
-                  float_brgemm(cols, hi - lo, kPatchChunk, Cin_g, xl.c, ol.c, true, w_tap + co0 * Cin_g + ci0, x_run,
+                  const float* x_run = x_group + ci0 * ld_x + (lo + shift - x_origin);
+                  float_brgemm(cols, hi - lo, kPatchChunk, Cin_g, ld_x, ol.c, true, w_tap + co0 * Cin_g + ci0, x_run,
                                c + lo);
                 } else {
                   // oneDNN's kernel at every level: float_brgemm's tile took 10-20% longer on the
                   // channels_last ResNet 3x3 (Zen 3, 1 thread), its B in panels or not, columns or
                   // rows outermost (A's 128 pixels of 64 channels fill L1 by themselves).
+                  const float* x_run = x_group + ci0 * xl.c + (lo + shift) * xl.w;
                   cpublas::brgemm(hi - lo, cols, kPatchChunk, xl.w, Cout_g, ol.w, true, x_run,
                                   w_tap + ci0 * Cout_g + co0, c + lo * ol.w, false);
                 }
