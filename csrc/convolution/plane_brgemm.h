@@ -71,17 +71,17 @@ bool plane_brgemm_serves(const Problem& p, const Axis& ax_h, const Axis& ax_w, c
 }
 
 // Per group, per tap in the sums' order, W_tap as brgemm's A, [Cout_g][Cin_g] (planes), or as its
-// B, [Cin_g][Cout_g] (pixels). Written in blocks of kPackRows rows of every tap matrix, whose
-// weight elements L2 keeps while each tap's rows are written in turn, into memory left
-// uninitialised (every element is written). One tap matrix after another over the whole weight
-// fetched a line for every element read; the taps side by side wrote nine streams a matrix apart.
-// float32 3x3 at 1 thread on a Zen 3, fuel / torch: 512 -> 512 on 14x14 1.40 -> 1.27 (its packing
-// 16-18% of the call before, 10% now), on 7x7 1.64 -> 1.25, channels_last 2.06 -> 1.74; 256 -> 256
-// on 14x14 1.23 -> 1.13, channels_last 1.44 -> 1.22.
+// B, [Cin_g][Cout_g] (pixels), into memory left uninitialised (every element is written). Copied a
+// tile at a time, every tap of the tile in turn, so that the weight lines a tile reads stay in L1:
+// where a matrix row's elements lie close in the weight (an NCHW weight's input channels, 9 floats
+// apart in a 3x3), tiles of 8 whole rows; elsewhere (a channels_last weight's output channels, a
+// whole weight row apart) 16 x 16 elements. One tap matrix after another over the whole weight
+// fetched a line for every element read. float32 3x3 at 1 thread on a Zen 3, fuel / torch: 512 ->
+// 512 on 14x14 1.40 -> 1.24-1.27 (the packing 16-18% of the call before, 10% after), on 7x7 1.64 ->
+// 1.25-1.29; channels_last (the packing 27% of the call before) 2.06 -> 1.57, on 7x7 2.49 -> 1.79.
 inline std::unique_ptr<float[]> pack_plane_weights(const Problem& p, const std::vector<Tap>& taps_h,
                                                    const std::vector<Tap>& taps_w, PlaneLayout layout, const float* w,
                                                    const int64_t* ws) {
-  constexpr int64_t kPackRows = 8;
   const int64_t G = p.groups, Cin_g = p.Cin / G, Cout_g = p.Cout / G, matrix = Cout_g * Cin_g;
   std::vector<int64_t> tap_offsets;
   for (const Tap& a : taps_h) {
@@ -91,13 +91,18 @@ inline std::unique_ptr<float[]> pack_plane_weights(const Problem& p, const std::
   auto packed = scratch<float>(G * taps * matrix);
   const bool planes = layout == PlaneLayout::planes;
   const int64_t rows = planes ? Cout_g : Cin_g, row_length = planes ? Cin_g : Cout_g;
+  const int64_t along_row = planes == !p.transpose ? ws[1] : ws[0];  // the weight stride along a matrix row
+  const bool row_close = std::abs(along_row) <= 16;
+  const int64_t tile_rows = row_close ? 8 : 16, tile_length = row_close ? row_length : 16;
   for (int64_t g = 0; g < G; ++g) {
-    for (int64_t r0 = 0; r0 < rows; r0 += kPackRows) {
-      for (int64_t t = 0; t < taps; ++t) {
-        float* dst = packed.get() + (g * taps + t) * matrix;
-        for (int64_t r = r0; r < std::min(rows, r0 + kPackRows); ++r) {
-          for (int64_t i = 0; i < row_length; ++i) {
-            dst[r * row_length + i] = w[weight_offset(p, ws, g, planes ? i : r, planes ? r : i) + tap_offsets[t]];
+    for (int64_t r0 = 0; r0 < rows; r0 += tile_rows) {
+      for (int64_t i0 = 0; i0 < row_length; i0 += tile_length) {
+        for (int64_t t = 0; t < taps; ++t) {
+          float* dst = packed.get() + (g * taps + t) * matrix;
+          for (int64_t r = r0; r < std::min(rows, r0 + tile_rows); ++r) {
+            for (int64_t i = i0; i < std::min(row_length, i0 + tile_length); ++i) {
+              dst[r * row_length + i] = w[weight_offset(p, ws, g, planes ? i : r, planes ? r : i) + tap_offsets[t]];
+            }
           }
         }
       }
