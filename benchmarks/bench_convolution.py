@@ -60,6 +60,10 @@ SHAPES = [
     ("upsample T k4/2 (4,64,28x28,32)", "conv_transpose2d", (4, 64, 28, 28), (64, 32, 4, 4),
      dict(stride=2, padding=1)),
     ("small 3x3 (1,32,16x16,32)", "conv2d", (1, 32, 16, 16), (32, 32, 3, 3), dict(padding=1)),
+    # Shapes of real models beyond the issue's table: a 32x32 image (NCHW planes 4 KiB apart, which
+    # crowd into one of L1's sets) and a deep layer (its weight 9 MB: the packing shows)
+    ("cifar 3x3 (4,64,32x32,64)", "conv2d", (4, 64, 32, 32), (64, 64, 3, 3), dict(padding=1)),
+    ("deep 3x3 (1,512,14x14,512)", "conv2d", (1, 512, 14, 14), (512, 512, 3, 3), dict(padding=1)),
 ]
 STEADY_TUNABLES = "glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=4294967296"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
