@@ -77,8 +77,9 @@ bool plane_brgemm_serves(const Problem& p, const Axis& ax_h, const Axis& ax_w, c
 // apart in a 3x3), tiles of 8 whole rows; elsewhere (a channels_last weight's output channels, a
 // whole weight row apart) 16 x 16 elements. One tap matrix after another over the whole weight
 // fetched a line for every element read. float32 3x3 at 1 thread on a Zen 3, fuel / torch: 512 ->
-// 512 on 14x14 1.40 -> 1.24-1.27 (the packing 16-18% of the call before, 10% after), on 7x7 1.64 ->
-// 1.25-1.29; channels_last (the packing 27% of the call before) 2.06 -> 1.57, on 7x7 2.49 -> 1.79.
+// 512 on 14x14 1.40 -> 1.24-1.30 (the packing 16-18% of the call before, 10% after), on 7x7 1.64 ->
+// 1.22-1.29; channels_last (the packing 27% of the call before) 2.06 -> 1.51-1.61, on 7x7 2.38-2.49
+// -> 1.79-1.96.
 inline std::unique_ptr<float[]> pack_plane_weights(const Problem& p, const std::vector<Tap>& taps_h,
                                                    const std::vector<Tap>& taps_w, PlaneLayout layout, const float* w,
                                                    const int64_t* ws) {
@@ -91,23 +92,31 @@ inline std::unique_ptr<float[]> pack_plane_weights(const Problem& p, const std::
   auto packed = scratch<float>(G * taps * matrix);
   const bool planes = layout == PlaneLayout::planes;
   const int64_t rows = planes ? Cout_g : Cin_g, row_length = planes ? Cin_g : Cout_g;
-  const int64_t along_row = planes == !p.transpose ? ws[1] : ws[0];  // the weight stride along a matrix row
+  // The weight's strides along a matrix row and down its rows: conv2d's weight is [Cout][Cin_g],
+  // conv_transpose2d's [Cin][Cout_g] (weight_offset, kernel_common.h).
+  const int64_t ci_stride = p.transpose ? ws[0] : ws[1], co_stride = p.transpose ? ws[1] : ws[0];
+  const int64_t along_row = planes ? ci_stride : co_stride, down_rows = planes ? co_stride : ci_stride;
   const bool row_close = std::abs(along_row) <= 16;
   const int64_t tile_rows = row_close ? 8 : 16, tile_length = row_close ? row_length : 16;
-  for (int64_t g = 0; g < G; ++g) {
-    for (int64_t r0 = 0; r0 < rows; r0 += tile_rows) {
+  // Blocks of rows shared among the threads: a 3x3 512 -> 512 on 14x14 packed on one of 2 threads
+  // ran at 94-102 GFLOP/s NCHW and 67-81 channels_last (Zen 3), 106-107 and 94-108 shared.
+  const int64_t row_blocks = (rows + tile_rows - 1) / tile_rows;
+  at::parallel_for(0, G * row_blocks, 1, [&](int64_t first, int64_t last) {
+    for (int64_t block = first; block < last; ++block) {
+      const int64_t g = block / row_blocks, r0 = block % row_blocks * tile_rows, r1 = std::min(rows, r0 + tile_rows);
+      const float* group = w + weight_offset(p, ws, g, 0, 0);
       for (int64_t i0 = 0; i0 < row_length; i0 += tile_length) {
+        const int64_t i1 = std::min(row_length, i0 + tile_length);
         for (int64_t t = 0; t < taps; ++t) {
           float* dst = packed.get() + (g * taps + t) * matrix;
-          for (int64_t r = r0; r < std::min(rows, r0 + tile_rows); ++r) {
-            for (int64_t i = i0; i < std::min(row_length, i0 + tile_length); ++i) {
-              dst[r * row_length + i] = w[weight_offset(p, ws, g, planes ? i : r, planes ? r : i) + tap_offsets[t]];
-            }
+          const float* src = group + tap_offsets[t];
+          for (int64_t r = r0; r < r1; ++r) {
+            for (int64_t i = i0; i < i1; ++i) dst[r * row_length + i] = src[r * down_rows + i * along_row];
           }
         }
       }
     }
-  }
+  });
   return packed;
 }
 
@@ -134,8 +143,11 @@ inline void convolve_plane_brgemm(const Problem& p, const Axis& ax_h, const Axis
       pack_plane_weights(p, taps_h, taps_w, layout, static_cast<const float*>(o.weight), o.weight_strides);
   const int64_t G = p.groups, Cin_g = p.Cin / G, Cout_g = p.Cout / G, W = p.W, plane = p.H * p.W;
   const int64_t taps = static_cast<int64_t>(taps_h.size() * taps_w.size());
-  // Any split of the positions gives the same bits.
-  const int64_t block = rows_for_threads(kPlanePositions, plane, p.N * G, at::get_num_threads());
+  // A task is a block of positions for a block of output channels: any split gives the same bits.
+  // The channel blocks share the work among the threads where the images alone would not (one 14x14
+  // image of 512 -> 512 channels made 7 blocks of 32 positions, 4 + 3 over 2 threads).
+  const int64_t co_blocks = (Cout_g + kPlaneChannels - 1) / kPlaneChannels;
+  const int64_t block = rows_for_threads(kPlanePositions, plane, p.N * G * co_blocks, at::get_num_threads());
   const int64_t blocks = (plane + block - 1) / block;
   int64_t widest_shift = 0;
   for (const Tap& b : taps_w) widest_shift = std::max(widest_shift, std::abs(b.offset));
@@ -160,24 +172,30 @@ inline void convolve_plane_brgemm(const Problem& p, const Axis& ax_h, const Axis
   path_counts().patch_brgemm_images += p.N;
   path_counts().plane_brgemm_images += p.N;
   if (stage_x) path_counts().plane_staged_images += p.N;
-  at::parallel_for(0, p.N * G * blocks, 1, [&](int64_t first, int64_t last) {
+  at::parallel_for(0, p.N * G * blocks * co_blocks, 1, [&](int64_t first, int64_t last) {
     std::vector<float> kept(kPlaneChannels * kept_per_channel);
     const auto staged = scratch<float>(stage_x ? Cin_g * pitch : 0);
+    int64_t staged_block = -1;  // the block of positions (of an image and group) staged, if any
     for (int64_t task = first; task < last; ++task) {
-      const int64_t q0 = task % blocks * block, q1 = std::min(plane, q0 + block), g = task / blocks % G;
-      const int64_t n = task / blocks / G;
+      const int64_t positions = task / co_blocks;  // the task's block of positions, of all the images and groups
+      const int64_t q0 = positions % blocks * block, q1 = std::min(plane, q0 + block), g = positions / blocks % G;
+      const int64_t n = positions / blocks / G;
       // Where x's channel ci, position q is read: x's plane in place, or the staged copy of the
-      // positions [r0, r1) the task's taps reach.
+      // positions [r0, r1) the task's taps reach (shared by the block's tasks that follow).
       const float* x_group = x + n * xl.n + g * Cin_g * xl.c;
       int64_t ld_x = xl.c, x_origin = 0;
       if (stage_x) {
         const int64_t r0 = std::max<int64_t>(0, q0 + lowest_shift), r1 = std::min(plane, q1 + highest_shift);
-        for (int64_t ci = 0; ci < Cin_g; ++ci) {
-          std::copy(x_group + ci * xl.c + r0, x_group + ci * xl.c + r1, staged.get() + ci * pitch);
+        if (staged_block != positions) {
+          for (int64_t ci = 0; ci < Cin_g; ++ci) {
+            std::copy(x_group + ci * xl.c + r0, x_group + ci * xl.c + r1, staged.get() + ci * pitch);
+          }
+          staged_block = positions;
         }
         x_group = staged.get(), ld_x = pitch, x_origin = r0;
       }
-      for (int64_t co0 = 0; co0 < Cout_g; co0 += kPlaneChannels) {
+      {
+        const int64_t co0 = task % co_blocks * kPlaneChannels;
         const int64_t cols = std::min(kPlaneChannels, Cout_g - co0);
         // C's element (channel co, position q) at c + co * ol.c + q * ol.w, visited along its runs.
         float* c = out + n * ol.n + (g * Cout_g + co0) * ol.c;
