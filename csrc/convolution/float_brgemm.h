@@ -89,6 +89,8 @@ inline void own_float_brgemm(int64_t M, int64_t N, int64_t K, int64_t lda, int64
   // 4x256x32x32 -> 64 at 1 thread on a Zen 3, 1.18-1.22 -> 0.99-1.00 of torch's time.
   const int64_t j0 = N / kGemmCols * kGemmCols;
   const bool copy_panels = K <= kTapChunk && rows_crowd_l1(ldb, K);
+  // A panel's copy: of a crowded B, or of the last columns padded with zeros (below). Every caller's
+  // K is one chunk of at most kTapChunk terms, so it fits on the stack.
   alignas(64) float copied[kTapChunk * kGemmCols];
   for (int64_t j = 0; j < j0; j += kGemmCols) {
     const float* panel = b + j;
@@ -108,16 +110,14 @@ inline void own_float_brgemm(int64_t M, int64_t N, int64_t K, int64_t lda, int64
   // The last columns: B's copied into a panel padded with zeros, the tile computed aside, the
   // columns that exist added to (or written over) C.
   const int64_t cols = N - j0;
-  // Every caller's K is one chunk of at most kTapChunk terms, so the panel fits on the stack.
   TORCH_INTERNAL_ASSERT(K <= kTapChunk);  // no message arguments: their formatting would be compiled per level
-  alignas(64) float panel[kTapChunk * kGemmCols];
   for (int64_t k = 0; k < K; ++k) {
-    for (int64_t j = 0; j < kGemmCols; ++j) panel[k * kGemmCols + j] = j < cols ? b[k * ldb + j0 + j] : 0.f;
+    for (int64_t j = 0; j < kGemmCols; ++j) copied[k * kGemmCols + j] = j < cols ? b[k * ldb + j0 + j] : 0.f;
   }
   float tile[kGemmRows * kGemmCols];
   for (int64_t i0 = 0; i0 < M; i0 += kGemmRows) {
     const int64_t rows = std::min(kGemmRows, M - i0);
-    gemm_rows(rows, K, a + i0 * lda, lda, panel, kGemmCols, tile, kGemmCols, false);
+    gemm_rows(rows, K, a + i0 * lda, lda, copied, kGemmCols, tile, kGemmCols, false);
     for (int64_t r = 0; r < rows; ++r) {
       float* dst = c + (i0 + r) * ldc + j0;
       for (int64_t j = 0; j < cols; ++j) dst[j] = add_c ? dst[j] + tile[r * kGemmCols + j] : tile[r * kGemmCols + j];

@@ -166,15 +166,15 @@ inline void convolve_plane_brgemm(const Problem& p, const Axis& ax_h, const Axis
     }
   }
   const bool stage_x = planes && rows_crowd_l1(xl.c, kPatchChunk);
-  int64_t pitch = (std::min(plane, block + highest_shift - lowest_shift) + 15) / 16 * 16;
-  while (stage_x && rows_crowd_l1(pitch, kPatchChunk)) pitch += 16;  // an odd number of lines spreads them
+  int64_t x_pitch = (std::min(plane, block + highest_shift - lowest_shift) + 15) / 16 * 16;
+  while (stage_x && rows_crowd_l1(x_pitch, kPatchChunk)) x_pitch += 16;  // an odd number of lines spreads them
   path_counts().float_brgemm_images += p.N;
   path_counts().patch_brgemm_images += p.N;
   path_counts().plane_brgemm_images += p.N;
   if (stage_x) path_counts().plane_staged_images += p.N;
   at::parallel_for(0, p.N * G * blocks * co_blocks, 1, [&](int64_t first, int64_t last) {
     std::vector<float> kept(kPlaneChannels * kept_per_channel);
-    const auto staged = scratch<float>(stage_x ? Cin_g * pitch : 0);
+    const auto staged = scratch<float>(stage_x ? Cin_g * x_pitch : 0);
     int64_t staged_block = -1;  // the block of positions (of an image and group) staged, if any
     for (int64_t task = first; task < last; ++task) {
       const int64_t positions = task / co_blocks;  // the task's block of positions, of all the images and groups
@@ -188,63 +188,61 @@ inline void convolve_plane_brgemm(const Problem& p, const Axis& ax_h, const Axis
         const int64_t r0 = std::max<int64_t>(0, q0 + lowest_shift), r1 = std::min(plane, q1 + highest_shift);
         if (staged_block != positions) {
           for (int64_t ci = 0; ci < Cin_g; ++ci) {
-            std::copy(x_group + ci * xl.c + r0, x_group + ci * xl.c + r1, staged.get() + ci * pitch);
+            std::copy(x_group + ci * xl.c + r0, x_group + ci * xl.c + r1, staged.get() + ci * x_pitch);
           }
           staged_block = positions;
         }
-        x_group = staged.get(), ld_x = pitch, x_origin = r0;
+        x_group = staged.get(), ld_x = x_pitch, x_origin = r0;
       }
-      {
-        const int64_t co0 = task % co_blocks * kPlaneChannels;
-        const int64_t cols = std::min(kPlaneChannels, Cout_g - co0);
-        // C's element (channel co, position q) at c + co * ol.c + q * ol.w, visited along its runs.
-        float* c = out + n * ol.n + (g * Cout_g + co0) * ol.c;
-        auto each_output = [&](int64_t s0, int64_t s1, auto&& visit) {
-          if (planes) {
-            for (int64_t co = 0; co < cols; ++co) {
-              for (int64_t s = s0; s < s1; ++s) visit(c[co * ol.c + s], co);
-            }
-            return;
+      const int64_t co0 = task % co_blocks * kPlaneChannels;
+      const int64_t cols = std::min(kPlaneChannels, Cout_g - co0);
+      // C's element (channel co, position q) at c + co * ol.c + q * ol.w, visited along its runs.
+      float* c = out + n * ol.n + (g * Cout_g + co0) * ol.c;
+      auto each_output = [&](int64_t s0, int64_t s1, auto&& visit) {
+        if (planes) {
+          for (int64_t co = 0; co < cols; ++co) {
+            for (int64_t s = s0; s < s1; ++s) visit(c[co * ol.c + s], co);
           }
-          for (int64_t s = s0; s < s1; ++s) {
-            for (int64_t co = 0; co < cols; ++co) visit(c[s * ol.w + co], co);
-          }
-        };
-        each_output(q0, q1, [&](float& v, int64_t co) { v = bias ? bias[g * Cout_g + co0 + co] : 0.f; });
-        const float* w_tap = packed.get() + g * taps * Cout_g * Cin_g;
-        for (const Tap& th : taps_h) {
-          // The output rows whose input row th reaches.
-          const int64_t row_lo = std::clamp<int64_t>(-th.offset, 0, p.H), row_hi = std::clamp<int64_t>(p.H - th.offset, row_lo, p.H);
-          for (const Tap& tw : taps_w) {
-            const int64_t shift = th.offset * W + tw.offset;
-            const int64_t lo = std::max(std::max(q0, row_lo * W), -shift);
-            const int64_t hi = std::min(std::min(q1, row_hi * W), plane - shift);
-            if (lo < hi) {
-              float* saved = kept.data();
-              outside_columns(lo, hi, W, tw.offset, [&](int64_t s0, int64_t s1) {
-                each_output(s0, s1, [&](float& v, int64_t) { *saved++ = v; });
-              });
-              for (int64_t ci0 = 0; ci0 < Cin_g; ci0 += kPatchChunk) {
-                if (planes) {
-                  const float* x_run = x_group + ci0 * ld_x + (lo + shift - x_origin);
-                  float_brgemm(cols, hi - lo, kPatchChunk, Cin_g, ld_x, ol.c, true, w_tap + co0 * Cin_g + ci0, x_run,
-                               c + lo);
-                } else {
-                  // oneDNN's kernel at every level: float_brgemm's tile took 10-20% longer on the
-                  // channels_last ResNet 3x3 (Zen 3, 1 thread), its B in panels or not, columns or
-                  // rows outermost (A's 128 pixels of 64 channels fill L1 by themselves).
-                  const float* x_run = x_group + ci0 * xl.c + (lo + shift) * xl.w;
-                  cpublas::brgemm(hi - lo, cols, kPatchChunk, xl.w, Cout_g, ol.w, true, x_run,
-                                  w_tap + ci0 * Cout_g + co0, c + lo * ol.w, false);
-                }
+          return;
+        }
+        for (int64_t s = s0; s < s1; ++s) {
+          for (int64_t co = 0; co < cols; ++co) visit(c[s * ol.w + co], co);
+        }
+      };
+      each_output(q0, q1, [&](float& v, int64_t co) { v = bias ? bias[g * Cout_g + co0 + co] : 0.f; });
+      const float* w_tap = packed.get() + g * taps * Cout_g * Cin_g;
+      for (const Tap& th : taps_h) {
+        // The output rows whose input row th reaches.
+        const int64_t row_lo = std::clamp<int64_t>(-th.offset, 0, p.H), row_hi = std::clamp<int64_t>(p.H - th.offset, row_lo, p.H);
+        for (const Tap& tw : taps_w) {
+          const int64_t shift = th.offset * W + tw.offset;
+          const int64_t lo = std::max(std::max(q0, row_lo * W), -shift);
+          const int64_t hi = std::min(std::min(q1, row_hi * W), plane - shift);
+          if (lo < hi) {
+            float* saved = kept.data();
+            outside_columns(lo, hi, W, tw.offset, [&](int64_t s0, int64_t s1) {
+              each_output(s0, s1, [&](float& v, int64_t) { *saved++ = v; });
+            });
+            for (int64_t ci0 = 0; ci0 < Cin_g; ci0 += kPatchChunk) {
+              if (planes) {
+                const float* x_run = x_group + ci0 * ld_x + (lo + shift - x_origin);
+                float_brgemm(cols, hi - lo, kPatchChunk, Cin_g, ld_x, ol.c, true, w_tap + co0 * Cin_g + ci0, x_run,
+                             c + lo);
+              } else {
+                // oneDNN's kernel at every level: float_brgemm's tile took 10-20% longer on the
+                // channels_last ResNet 3x3 (Zen 3, 1 thread), its B in panels or not, columns or
+                // rows outermost (A's 128 pixels of 64 channels fill L1 by themselves).
+                const float* x_run = x_group + ci0 * xl.c + (lo + shift) * xl.w;
+                cpublas::brgemm(hi - lo, cols, kPatchChunk, xl.w, Cout_g, ol.w, true, x_run,
+                                w_tap + ci0 * Cout_g + co0, c + lo * ol.w, false);
               }
-              saved = kept.data();
-              outside_columns(lo, hi, W, tw.offset, [&](int64_t s0, int64_t s1) {
-                each_output(s0, s1, [&](float& v, int64_t) { v = *saved++; });
-              });
             }
-            w_tap += Cout_g * Cin_g;
+            saved = kept.data();
+            outside_columns(lo, hi, W, tw.offset, [&](int64_t s0, int64_t s1) {
+              each_output(s0, s1, [&](float& v, int64_t) { v = *saved++; });
+            });
           }
+          w_tap += Cout_g * Cin_g;
         }
       }
     }
