@@ -135,7 +135,8 @@ def test_pow_is_within_one_ulp_at_every_level(results_per_level):
 # depthwise weight gradient's: its register blocks and lane groups depend on the vector width. And
 # the float32 brgemm paths' order test: their kernel is fuel's own tile at AVX2, oneDNN's at AVX512.
 PARITY_FILES = ["test_elementwise_parity.py", "test_convolution.py", "test_convolution_patch_brgemm.py",
-                "test_convolution_depthwise_weight_grad.py", "test_convolution_float_gemm.py"]
+                "test_convolution_depthwise_weight_grad.py", "test_convolution_float_gemm.py",
+                "test_convolution_plane_brgemm.py"]
 LEFT_OUT = ("random_data_of_many_sizes", "python_api", "opinfo", "pooled", "fake_kernel", "meta_tensors",
             "cli_parity", "keyword", "string_padding", "contiguize", "every_registered")
 OTHER_LEVELS = [level for level in SUPPORTED if level != fuel_torch.cpu_capability()]
