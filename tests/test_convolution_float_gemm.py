@@ -11,6 +11,8 @@ float64, independently of either kernel:
 - a 3x3 conv2d of 64 channels that keeps the image's size (the plane path, both layouts): per tap
   (rows, then columns), its 64 channels summed from zero and added in turn, a tap in the padding
   adding nothing;
+- a 3x3 conv2d at stride 2 (the per-tap path on padded planes, both layouts) of 64 and of 300
+  channels, the latter two chunks per tap;
 
 with output-channel counts that end in a partial column panel (19, 24, 40) and pixel counts that end
 in a partial row tile (35, 27 an image, 54), and 16x16 images, whose NCHW planes crowd into a few of
@@ -72,64 +74,67 @@ def chunked_sums(terms, bias: torch.Tensor, chunk_ends) -> torch.Tensor:
     return out
 
 
-def pointwise_reference(x, w, b):
-    xd, wd = x.double(), w.double()
-    terms = [(xd[:, ci, None], wd[None, :, ci, 0, 0, None, None]) for ci in range(x.shape[1])]
-    bias = b.double()[None, :, None, None].expand(x.shape[0], w.shape[0], *x.shape[2:])
-    return chunked_sums(terms, bias, [min(end, x.shape[1]) for end in range(256, x.shape[1] + 256, 256)])
-
-
-def plane_reference(x, w, b):
+def reference(x, w, b, stride, padding):
+    """The contract's sums: bias, then per tap (rows, then columns) its channels in chunks of 256,
+    each chunk one fused chain from zero, added in turn. A tap in the padding reads zeros: its chain
+    is +0 and adding it keeps every sum's bits."""
     n, cin, h, wdt = x.shape
-    padded = torch.nn.functional.pad(x.double(), (1, 1, 1, 1))
+    k = w.shape[2]
+    ho, wo = (h + 2 * padding - k) // stride + 1, (wdt + 2 * padding - k) // stride + 1
+    padded = torch.nn.functional.pad(x.double(), (padding,) * 4)
     wd = w.double()
-    terms = []
-    for kh in range(3):
-        for kw in range(3):
-            window = padded[:, :, kh:kh + h, kw:kw + wdt]
+    terms, chunk_ends = [], []
+    for kh in range(k):
+        for kw in range(k):
+            window = padded[:, :, kh:kh + stride * (ho - 1) + 1:stride, kw:kw + stride * (wo - 1) + 1:stride]
+            chunk_ends += [len(terms) + min(c0 + 256, cin) for c0 in range(0, cin, 256)]
             terms += [(window[:, ci, None], wd[None, :, ci, kh, kw, None, None]) for ci in range(cin)]
-    bias = b.double()[None, :, None, None].expand(n, w.shape[0], h, wdt)
-    # A tap in the padding reads zeros: its chain is +0 and adding it keeps every sum's bits.
-    return chunked_sums(terms, bias, [cin * (t + 1) for t in range(9)])
+    bias = b.double()[None, :, None, None].expand(n, w.shape[0], ho, wo)
+    return chunked_sums(terms, bias, chunk_ends)
 
 
-CASES = [  # (path, x shape, weight shape, padding, reference)
-    ("pointwise", (1, 300, 5, 7), (19, 300, 1, 1), 0, pointwise_reference),
-    ("pointwise", (2, 300, 3, 9), (24, 300, 1, 1), 0, pointwise_reference),
-    ("plane", (1, 64, 6, 9), (19, 64, 3, 3), 1, plane_reference),
-    ("plane", (1, 64, 5, 7), (40, 64, 3, 3), 1, plane_reference),
+CASES = [  # (path, x shape, weight shape, stride, padding)
+    ("pointwise", (1, 300, 5, 7), (19, 300, 1, 1), 1, 0),
+    ("pointwise", (2, 300, 3, 9), (24, 300, 1, 1), 1, 0),
+    ("plane", (1, 64, 6, 9), (19, 64, 3, 3), 1, 1),
+    ("plane", (1, 64, 5, 7), (40, 64, 3, 3), 1, 1),
     # 16x16 NCHW planes, 1 KiB apart, crowd into a few of L1's sets: the per-tap path's B panels
     # copied by float_brgemm, the plane path's x staged per block
-    ("pointwise", (1, 300, 16, 16), (24, 300, 1, 1), 0, pointwise_reference),
-    ("plane", (1, 64, 16, 16), (19, 64, 3, 3), 1, plane_reference),
+    ("pointwise", (1, 300, 16, 16), (24, 300, 1, 1), 1, 0),
+    ("plane", (1, 64, 16, 16), (19, 64, 3, 3), 1, 1),
+    # Stride 2: the per-tap path on padded planes, its blocks of positions a whole number of register
+    # tiles wide (a 7x7 output's 56 grid positions as 64), 300 channels two chunks per tap
+    ("strided", (1, 64, 14, 14), (19, 64, 3, 3), 2, 1),
+    ("strided", (2, 300, 9, 11), (24, 300, 3, 3), 2, 1),
 ]
 # The path counter each case moves, by x's layout (an NCHW 1x1 runs one brgemm per tap).
 COUNTERS = {("pointwise", "nchw"): "float_brgemm_images", ("pointwise", "nhwc"): "pointwise_brgemm_images",
-            ("plane", "nchw"): "plane_brgemm_images", ("plane", "nhwc"): "plane_brgemm_images"}
+            ("plane", "nchw"): "plane_brgemm_images", ("plane", "nhwc"): "plane_brgemm_images",
+            ("strided", "nchw"): "float_brgemm_images", ("strided", "nhwc"): "float_brgemm_images"}
 FORMATS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
 
 
 @pytest.mark.parametrize("layout", FORMATS)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[2][0]}")
 def test_float32_sums_follow_the_contract_bit_for_bit(case, layout):
-    path, x_shape, w_shape, padding, expected_of = case
+    path, x_shape, w_shape, stride, padding = case
     g = torch.Generator().manual_seed(sum(x_shape) + w_shape[0])
     x = torch.randn(x_shape, generator=g).contiguous(memory_format=FORMATS[layout])
     w = torch.randn(w_shape, generator=g).contiguous(memory_format=FORMATS[layout])
     b = torch.randn(w_shape[0], generator=g)
     counter = COUNTERS[path, layout]
     before = fuel_torch._C.path_counts()[counter]
-    ours = fuel_torch.conv2d(x, w, b, padding=padding)
+    ours = fuel_torch.conv2d(x, w, b, stride=stride, padding=padding)
     served = fuel_torch._C.path_counts()[counter] - before
     if not brgemm_serves(torch.float32):
         assert served == 0
-        check_values("conv2d", ours.contiguous(), x.contiguous(), w, b, dict(padding=padding))
+        check_values("conv2d", ours.contiguous(), x.contiguous(), w, b, dict(stride=stride, padding=padding))
         return
     assert served == x_shape[0]
     if fuel_torch.cpu_capability() != "AVX2":
-        check_values("conv2d", ours.contiguous(), x.contiguous(), w, b, dict(padding=padding))
+        check_values("conv2d", ours.contiguous(), x.contiguous(), w, b, dict(stride=stride, padding=padding))
         return
-    expected = expected_of(x, w, b).float().contiguous(memory_format=FORMATS[layout])
+    expected = reference(x, w, b, stride, padding).float().contiguous(memory_format=FORMATS[layout])
     mismatch = ours.view(torch.int32) != expected.view(torch.int32)
     assert not mismatch.any(), f"{int(mismatch.sum())} of {ours.numel()} outputs differ from the contract's order"
 

@@ -22,45 +22,51 @@ namespace CPU_CAPABILITY {
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
 
 // A tile: kGemmRows rows of A, each broadcast against two vectors of a B row (12 accumulators and
-// the two B vectors in AVX2's 16 registers).
+// the two B vectors in AVX2's 16 registers); a last panel of at most one vector's columns takes one.
 constexpr int64_t kGemmRows = 6;
 constexpr int64_t kGemmCols = 2 * Vectorized<float>::size();
 
-// One tile of whole columns; C's columns [0, kGemmCols) of rows [0, kRows).
-template <int64_t kRows>
+// One tile of whole columns; C's columns [0, kVecs * V) of rows [0, kRows).
+template <int64_t kRows, int64_t kVecs>
 inline void gemm_tile(int64_t K, const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
                       bool add_c) {
   using Vec = Vectorized<float>;
   constexpr int64_t V = Vec::size();
-  // The row loops unrolled by force: the accumulators then live in registers (left to the
-  // optimizer, they went through the stack every step in some callers, at a third of the speed).
-  Vec acc[kRows][2];
+  // The loops unrolled by force: the accumulators then live in registers (left to the optimizer,
+  // they went through the stack every step in some callers, at a third of the speed).
+  Vec acc[kRows][kVecs];
 #pragma GCC unroll 16
-  for (int64_t r = 0; r < kRows; ++r) acc[r][0] = acc[r][1] = Vec(0.f);
+  for (int64_t r = 0; r < kRows; ++r) {
+#pragma GCC unroll 2
+    for (int64_t v = 0; v < kVecs; ++v) acc[r][v] = Vec(0.f);
+  }
   for (int64_t k = 0; k < K; ++k) {
-    const Vec b0 = Vec::loadu(b + k * ldb), b1 = Vec::loadu(b + k * ldb + V);
+    Vec bk[kVecs];
+#pragma GCC unroll 2
+    for (int64_t v = 0; v < kVecs; ++v) bk[v] = Vec::loadu(b + k * ldb + v * V);
 #pragma GCC unroll 16
     for (int64_t r = 0; r < kRows; ++r) {
       const Vec ar(a[r * lda + k]);
-      acc[r][0] = at::vec::fmadd(ar, b0, acc[r][0]);
-      acc[r][1] = at::vec::fmadd(ar, b1, acc[r][1]);
+#pragma GCC unroll 2
+      for (int64_t v = 0; v < kVecs; ++v) acc[r][v] = at::vec::fmadd(ar, bk[v], acc[r][v]);
     }
   }
 #pragma GCC unroll 16
   for (int64_t r = 0; r < kRows; ++r) {
-    for (int64_t half = 0; half < 2; ++half) {
-      float* dst = c + r * ldc + half * V;
-      (add_c ? Vec::loadu(dst) + acc[r][half] : acc[r][half]).store(dst);
+#pragma GCC unroll 2
+    for (int64_t v = 0; v < kVecs; ++v) {
+      float* dst = c + r * ldc + v * V;
+      (add_c ? Vec::loadu(dst) + acc[r][v] : acc[r][v]).store(dst);
     }
   }
 }
 
-template <int64_t kRows = kGemmRows>
+template <int64_t kVecs = 2, int64_t kRows = kGemmRows>
 inline void gemm_rows(int64_t rows, int64_t K, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
                       int64_t ldc, bool add_c) {
   if constexpr (kRows > 0) {
-    if (rows == kRows) return gemm_tile<kRows>(K, a, lda, b, ldb, c, ldc, add_c);
-    return gemm_rows<kRows - 1>(rows, K, a, lda, b, ldb, c, ldc, add_c);
+    if (rows == kRows) return gemm_tile<kRows, kVecs>(K, a, lda, b, ldb, c, ldc, add_c);
+    return gemm_rows<kVecs, kRows - 1>(rows, K, a, lda, b, ldb, c, ldc, add_c);
   }
 }
 
@@ -114,10 +120,16 @@ inline void own_float_brgemm(int64_t M, int64_t N, int64_t K, int64_t lda, int64
   for (int64_t k = 0; k < K; ++k) {
     for (int64_t j = 0; j < kGemmCols; ++j) copied[k * kGemmCols + j] = j < cols ? b[k * ldb + j0 + j] : 0.f;
   }
+  // At most one vector's columns run one vector wide: a 7x7 image's 49 positions are 3 x 16 + 1.
+  const bool narrow = cols <= Vec::size();
   float tile[kGemmRows * kGemmCols];
   for (int64_t i0 = 0; i0 < M; i0 += kGemmRows) {
     const int64_t rows = std::min(kGemmRows, M - i0);
-    gemm_rows(rows, K, a + i0 * lda, lda, copied, kGemmCols, tile, kGemmCols, false);
+    if (narrow) {
+      gemm_rows<1>(rows, K, a + i0 * lda, lda, copied, kGemmCols, tile, kGemmCols, false);
+    } else {
+      gemm_rows<2>(rows, K, a + i0 * lda, lda, copied, kGemmCols, tile, kGemmCols, false);
+    }
     for (int64_t r = 0; r < rows; ++r) {
       float* dst = c + (i0 + r) * ldc + j0;
       for (int64_t j = 0; j < cols; ++j) dst[j] = add_c ? dst[j] + tile[r * kGemmCols + j] : tile[r * kGemmCols + j];

@@ -62,6 +62,51 @@ void pack_chassis_weights(const Problem& p, const Axis& ax_h, const Axis& ax_w, 
   });
 }
 
+// The brgemm paths' weights: per group, one matrix per spatial tap (tap_offsets: where each tap
+// lies in the weight, in the order the matrices go), copied as they are. A matrix row is an output
+// channel's input channels (rows_are_outputs) or an input channel's output channels; row_start(g,
+// t, r) is where row r of group g's matrix t goes, its elements i_step apart. Copied a tile at a
+// time, every tap of the tile in turn, so that the weight lines a tile reads stay in L1: where a
+// row's elements lie close in the weight (an NCHW weight's input channels, 9 floats apart in a 3x3),
+// tiles of 8 whole rows; elsewhere (a whole weight row apart) 16 x 16 elements. One tap matrix after
+// another over a large weight fetched a line for every element read: float32 3x3 512 -> 512 on
+// 14x14 at 1 thread on a Zen 3, the packing 16-18% of the call before, 10% after. The row blocks
+// are shared among the threads where the weight is large enough to pay for waking them.
+template <typename T, typename RowStart>
+void pack_tap_matrices(const Problem& p, const std::vector<int64_t>& tap_offsets, bool rows_are_outputs,
+                       int64_t i_step, const T* w, const int64_t* ws, RowStart&& row_start) {
+  const int64_t G = p.groups, Cin_g = p.Cin / G, Cout_g = p.Cout / G;
+  const int64_t taps = static_cast<int64_t>(tap_offsets.size());
+  const int64_t rows = rows_are_outputs ? Cout_g : Cin_g, row_length = rows_are_outputs ? Cin_g : Cout_g;
+  // The weight's strides along a matrix row and down its rows: conv2d's weight is [Cout][Cin_g],
+  // conv_transpose2d's [Cin][Cout_g] (weight_offset, kernel_common.h).
+  const int64_t ci_stride = p.transpose ? ws[0] : ws[1], co_stride = p.transpose ? ws[1] : ws[0];
+  const int64_t along_row = rows_are_outputs ? ci_stride : co_stride;
+  const int64_t down_rows = rows_are_outputs ? co_stride : ci_stride;
+  const bool row_close = std::abs(along_row) <= 16;
+  // A tile's source in L1: 8 rows of up to 4096 / 8 elements' span.
+  const int64_t tile_rows = row_close ? 8 : 16;
+  const int64_t tile_length = row_close ? std::max<int64_t>(16, 512 / std::max<int64_t>(1, std::abs(along_row)) / 16 * 16) : 16;
+  const int64_t row_blocks = (rows + tile_rows - 1) / tile_rows;
+  const int64_t per_block = std::max<int64_t>(1, tile_rows * row_length * taps);
+  at::parallel_for(0, G * row_blocks, std::max<int64_t>(1, (1 << 16) / per_block), [&](int64_t first, int64_t last) {
+    for (int64_t block = first; block < last; ++block) {
+      const int64_t g = block / row_blocks, r0 = block % row_blocks * tile_rows, r1 = std::min(rows, r0 + tile_rows);
+      const T* group = w + weight_offset(p, ws, g, 0, 0);
+      for (int64_t i0 = 0; i0 < row_length; i0 += tile_length) {
+        const int64_t i1 = std::min(row_length, i0 + tile_length);
+        for (int64_t t = 0; t < taps; ++t) {
+          const T* src = group + tap_offsets[t];
+          for (int64_t r = r0; r < r1; ++r) {
+            T* dst = row_start(g, t, r);
+            for (int64_t i = i0; i < i1; ++i) dst[i * i_step] = src[r * down_rows + i * along_row];
+          }
+        }
+      }
+    }
+  });
+}
+
 template <typename scalar_t, typename acc_t = acc_type<scalar_t>>
 void pack_wide_weights(const Problem& p, const scalar_t* w, const int64_t* ws, int64_t row_len, acc_t* packed) {
   const int64_t rows = p.Cout * (p.Cin / p.groups) * p.Kh, Cin_g = p.Cin / p.groups;

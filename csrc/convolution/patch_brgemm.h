@@ -393,32 +393,33 @@ void stage_input(const Problem& p, const PatchStaging& st, const scalar_t* x, co
   });
 }
 
-// B per group and phase: [K][Cout_g] in K order (float32), or as VNNI pairs [K / 2][Cout_g][2].
+// B per group and phase: [K][Cout_g] in K order (float32), or as VNNI pairs [K / 2][Cout_g][2]; zero
+// for the channels past Cin_g.
 template <typename scalar_t>
 std::vector<scalar_t> pack_patch_weights(const Problem& p, std::vector<PatchPhase>& phases, const PatchStaging& st,
                                          const scalar_t* w, const int64_t* ws) {
   constexpr bool paired = std::is_same_v<scalar_t, at::BFloat16>;
-  const int64_t G = p.groups, Cin_g = p.Cin / G, Cout_g = p.Cout / G;
+  const int64_t Cout_g = p.Cout / p.groups;
   int64_t total = 0;
-  for (PatchPhase& pp : phases) pp.weight_offset = total, total += pp.K * Cout_g;
-  std::vector<scalar_t> packed(G * total, scalar_t(0.f));
-  for (int64_t g = 0; g < G; ++g) {
-    for (const PatchPhase& pp : phases) {
-      scalar_t* dst = packed.data() + g * total + pp.weight_offset;
-      int64_t k = 0;
-      for (const Tap& a : pp.taps_h) {
-        for (const Tap& b : pp.taps_w) {
-          for (int64_t ci = 0; ci < st.Cp; ++ci, ++k) {
-            if (ci >= Cin_g) continue;
-            for (int64_t co = 0; co < Cout_g; ++co) {
-              const int64_t at = paired ? (k / 2 * Cout_g + co) * 2 + k % 2 : k * Cout_g + co;
-              dst[at] = w[weight_offset(p, ws, g, ci, co) + a.k * ws[2] + b.k * ws[3]];
-            }
-          }
-        }
+  // Per tap matrix: where it lies in the weight, and where its first row goes in a group's B.
+  std::vector<int64_t> tap_offsets, tap_k;
+  for (PatchPhase& pp : phases) {
+    pp.weight_offset = total, total += pp.K * Cout_g;
+    int64_t k = 0;
+    for (const Tap& a : pp.taps_h) {
+      for (const Tap& b : pp.taps_w) {
+        tap_offsets.push_back(a.k * ws[2] + b.k * ws[3]);
+        tap_k.push_back(pp.weight_offset / Cout_g + k);
+        k += st.Cp;
       }
     }
   }
+  std::vector<scalar_t> packed(p.groups * total, scalar_t(0.f));
+  // Row k of B: [k][co] at k * Cout_g, or k / 2's pairs [co][2] at k / 2 * Cout_g * 2, half k % 2.
+  pack_tap_matrices<scalar_t>(p, tap_offsets, false, paired ? 2 : 1, w, ws, [&](int64_t g, int64_t t, int64_t ci) {
+    const int64_t k = tap_k[t] + ci;
+    return packed.data() + g * total + (paired ? k / 2 * Cout_g * 2 + k % 2 : k * Cout_g);
+  });
   return packed;
 }
 

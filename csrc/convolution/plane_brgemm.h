@@ -71,15 +71,10 @@ bool plane_brgemm_serves(const Problem& p, const Axis& ax_h, const Axis& ax_w, c
 }
 
 // Per group, per tap in the sums' order, W_tap as brgemm's A, [Cout_g][Cin_g] (planes), or as its
-// B, [Cin_g][Cout_g] (pixels), into memory left uninitialised (every element is written). Copied a
-// tile at a time, every tap of the tile in turn, so that the weight lines a tile reads stay in L1:
-// where a matrix row's elements lie close in the weight (an NCHW weight's input channels, 9 floats
-// apart in a 3x3), tiles of 8 whole rows; elsewhere (a channels_last weight's output channels, a
-// whole weight row apart) 16 x 16 elements. One tap matrix after another over the whole weight
-// fetched a line for every element read. float32 3x3 at 1 thread on a Zen 3, fuel / torch: 512 ->
-// 512 on 14x14 1.40 -> 1.24-1.30 (the packing 16-18% of the call before, 10% after), on 7x7 1.64 ->
-// 1.22-1.29; channels_last (the packing 27% of the call before) 2.06 -> 1.51-1.61, on 7x7 2.38-2.49
-// -> 1.79-1.96.
+// B, [Cin_g][Cout_g] (pixels), into memory left uninitialised (every element is written). 512 ->
+// 512 on 7x7 at 1 thread on a Zen 3, fuel / torch, packed a tap at a time against by tiles
+// (pack_tap_matrices): 1.64 -> 1.22-1.29; channels_last (the packing 27% of the call before) 2.06 ->
+// 1.51-1.61, on 7x7 2.38-2.49 -> 1.79-1.96.
 inline std::unique_ptr<float[]> pack_plane_weights(const Problem& p, const std::vector<Tap>& taps_h,
                                                    const std::vector<Tap>& taps_w, PlaneLayout layout, const float* w,
                                                    const int64_t* ws) {
@@ -91,31 +86,9 @@ inline std::unique_ptr<float[]> pack_plane_weights(const Problem& p, const std::
   const int64_t taps = static_cast<int64_t>(tap_offsets.size());
   auto packed = scratch<float>(G * taps * matrix);
   const bool planes = layout == PlaneLayout::planes;
-  const int64_t rows = planes ? Cout_g : Cin_g, row_length = planes ? Cin_g : Cout_g;
-  // The weight's strides along a matrix row and down its rows: conv2d's weight is [Cout][Cin_g],
-  // conv_transpose2d's [Cin][Cout_g] (weight_offset, kernel_common.h).
-  const int64_t ci_stride = p.transpose ? ws[0] : ws[1], co_stride = p.transpose ? ws[1] : ws[0];
-  const int64_t along_row = planes ? ci_stride : co_stride, down_rows = planes ? co_stride : ci_stride;
-  const bool row_close = std::abs(along_row) <= 16;
-  const int64_t tile_rows = row_close ? 8 : 16, tile_length = row_close ? row_length : 16;
-  // Blocks of rows shared among the threads: a 3x3 512 -> 512 on 14x14 packed on one of 2 threads
-  // ran at 94-102 GFLOP/s NCHW and 67-81 channels_last (Zen 3), 106-107 and 94-108 shared.
-  const int64_t row_blocks = (rows + tile_rows - 1) / tile_rows;
-  at::parallel_for(0, G * row_blocks, 1, [&](int64_t first, int64_t last) {
-    for (int64_t block = first; block < last; ++block) {
-      const int64_t g = block / row_blocks, r0 = block % row_blocks * tile_rows, r1 = std::min(rows, r0 + tile_rows);
-      const float* group = w + weight_offset(p, ws, g, 0, 0);
-      for (int64_t i0 = 0; i0 < row_length; i0 += tile_length) {
-        const int64_t i1 = std::min(row_length, i0 + tile_length);
-        for (int64_t t = 0; t < taps; ++t) {
-          float* dst = packed.get() + (g * taps + t) * matrix;
-          const float* src = group + tap_offsets[t];
-          for (int64_t r = r0; r < r1; ++r) {
-            for (int64_t i = i0; i < i1; ++i) dst[r * row_length + i] = src[r * down_rows + i * along_row];
-          }
-        }
-      }
-    }
+  const int64_t row_length = planes ? Cin_g : Cout_g;
+  pack_tap_matrices<float>(p, tap_offsets, planes, 1, w, ws, [&](int64_t g, int64_t t, int64_t r) {
+    return packed.get() + (g * taps + t) * matrix + r * row_length;
   });
   return packed;
 }

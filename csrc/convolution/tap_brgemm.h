@@ -36,6 +36,7 @@
 #include "float_brgemm.h"
 #include "kernel_table.h"
 #include "kernel_common.h"
+#include "packing.h"
 #include "planar.h"
 
 namespace fuel {
@@ -245,7 +246,7 @@ inline void fill_pair_planes(const Problem& p, const PaddedPlanes& pl, const Pai
 // rounded up to whole pairs).
 template <typename T>
 struct TapWeights {
-  std::vector<T> data;
+  std::unique_ptr<T[]> data;
   std::vector<int64_t> phase_start;  // first tap matrix of phase (i, j), per group
   int64_t taps_per_group = 0, matrix = 0;
   int emin = kSmallestEx;
@@ -258,33 +259,23 @@ TapWeights<T> pack_tap_weights(const Problem& p, const Axis& ax_h, const Axis& a
   const int64_t G = p.groups, Cin_g = p.Cin / G, Cout_g = p.Cout / G;
   TapWeights<T> tw;
   tw.matrix = Cout_g * K;
+  std::vector<int64_t> tap_offsets;
   for (const Phase& ph : ax_h.phases) {
     for (const Phase& pw : ax_w.phases) {
-      tw.phase_start.push_back(tw.taps_per_group);
-      tw.taps_per_group += static_cast<int64_t>(ph.taps.size() * pw.taps.size());
-    }
-  }
-  tw.data.assign(G * tw.taps_per_group * tw.matrix, T(0.f));
-  for (int64_t g = 0; g < G; ++g) {
-    int64_t t = g * tw.taps_per_group;
-    for (const Phase& ph : ax_h.phases) {
-      for (const Phase& pw : ax_w.phases) {
-        for (const Tap& a : ph.taps) {
-          for (const Tap& b : pw.taps) {
-            T* dst = tw.data.data() + t++ * tw.matrix;
-            for (int64_t co = 0; co < Cout_g; ++co) {
-              for (int64_t ci = 0; ci < Cin_g; ++ci) {
-                dst[co * K + ci] = w[weight_offset(p, ws, g, ci, co) + a.k * ws[2] + b.k * ws[3]];
-              }
-            }
-          }
-        }
+      tw.phase_start.push_back(static_cast<int64_t>(tap_offsets.size()));
+      for (const Tap& a : ph.taps) {
+        for (const Tap& b : pw.taps) tap_offsets.push_back(a.k * ws[2] + b.k * ws[3]);
       }
     }
   }
-  if constexpr (std::is_same_v<T, at::BFloat16>) {
-    scan_exponents(tw.data.data(), static_cast<int64_t>(tw.data.size()), 1, tw.emin, tw.subnormal);
-  }
+  tw.taps_per_group = static_cast<int64_t>(tap_offsets.size());
+  const int64_t size = G * tw.taps_per_group * tw.matrix;
+  tw.data = scratch<T>(size);
+  if (K > Cin_g) std::fill_n(tw.data.get(), size, T(0.f));  // a bfloat16 pair's missing half
+  pack_tap_matrices<T>(p, tap_offsets, true, 1, w, ws, [&](int64_t g, int64_t t, int64_t co) {
+    return tw.data.get() + (g * tw.taps_per_group + t) * tw.matrix + co * K;
+  });
+  if constexpr (std::is_same_v<T, at::BFloat16>) scan_exponents(tw.data.get(), size, 1, tw.emin, tw.subnormal);
   return tw;
 }
 
@@ -388,7 +379,12 @@ std::vector<char> convolve_tap_brgemm(const Problem& p, const Axis& ax_h, const 
   const int64_t co_chunks = (Cout_g + kAmxChannelChunk - 1) / kAmxChannelChunk;
   int64_t max_positions = 1;
   for (const Phase& ph : ax_h.phases) max_positions = std::max(max_positions, ph.count * pl.Wp);
+  // Blocks of equal width in whole register tiles (float_brgemm.h), read in place: a 7x7 output
+  // grid's 56 positions ran as 128, and 210 of a 14x14 one as 2 x 128. (Widths of whole vectors
+  // instead, 56 as 3 x 16 + 8, left the last 8 to float_brgemm's copied tail: no faster.)
+  static_assert(kPositions % kGemmCols == 0);
   const int64_t blocks = (max_positions + kPositions - 1) / kPositions;
+  const int64_t width = ((max_positions + blocks - 1) / blocks + kGemmCols - 1) / kGemmCols * kGemmCols;
   std::vector<float> bias_f(p.Cout, 0.f);
   for (int64_t c = 0; bias && c < p.Cout; ++c) bias_f[c] = static_cast<float>(bias[c]);
 
@@ -399,13 +395,16 @@ std::vector<char> convolve_tap_brgemm(const Problem& p, const Axis& ax_h, const 
       const auto [n, g, i, j, block, chunk] = phase_task(task, G, n_ph, n_pw, blocks, co_chunks);
       if (!done[n]) continue;
       const Phase &ph = ax_h.phases[i], &pw = ax_w.phases[j];
-      const int64_t q0 = block * kPositions, q1 = std::min(ph.count * pl.Wp, q0 + kPositions);
+      const int64_t q0 = block * width, q1 = std::min(ph.count * pl.Wp, q0 + width);
       if (q0 >= q1) continue;  // a phase with fewer grid rows than the longest
       const int64_t co0 = chunk * kAmxChannelChunk, rows = std::min(kAmxChannelChunk, Cout_g - co0);
       float* c = acc.get();
-      for (int64_t r = 0; r < rows; ++r) std::fill_n(c + r * kPositions, kPositions, bias_f[g * Cout_g + co0 + r]);
+      // The columns every brgemm of the task computes: a short last block reads into the planes'
+      // slack and its extra columns are dropped, so every task of a phase runs one kernel shape.
+      const int64_t n_cols = tp.in_place ? q1 - q0 : width;
+      for (int64_t r = 0; r < rows; ++r) std::fill_n(c + r * kPositions, n_cols, bias_f[g * Cout_g + co0 + r]);
       const scalar_t* image = tp.data + n * tp.image + g * tp.group;
-      const scalar_t* a_tap = tw.data.data() + (g * tw.taps_per_group + tw.phase_start[i * n_pw + j]) * tw.matrix +
+      const scalar_t* a_tap = tw.data.get() + (g * tw.taps_per_group + tw.phase_start[i * n_pw + j]) * tw.matrix +
                               co0 * K;
       for (const Tap& a : ph.taps) {
         const Split sa = split(a.offset, pl.step_h);
@@ -413,9 +412,6 @@ std::vector<char> convolve_tap_brgemm(const Problem& p, const Axis& ax_h, const 
           const Split sb = split(b.offset, pl.step_w);
           const scalar_t* run = image + (sa.r * pl.step_w + sb.r) * tp.residue +
                                 ((sa.q - pl.min_h) * pl.Wp + (sb.q - pl.min_w) + q0) * tp.per_position;
-          // N is kPositions on the planes: a short last block reads into their slack and its extra
-          // columns are dropped, so every task runs one kernel shape.
-          const int64_t n_cols = tp.in_place ? q1 - q0 : kPositions;
           if (paired || K <= kTapChunk) {
             dtype_brgemm(rows, n_cols, K, K, tp.ld_b, kPositions, true, a_tap, run, c);
           } else {
@@ -426,7 +422,9 @@ std::vector<char> convolve_tap_brgemm(const Problem& p, const Axis& ax_h, const 
               const int64_t kc = std::min(kTapChunk, K - k0);
               dtype_brgemm(rows, n_cols, kc, K, tp.ld_b, kPositions, false, a_tap + k0, run + k0 * tp.ld_b,
                            part.get());
-              for (int64_t i = 0; i < rows * kPositions; ++i) c[i] += part[i];
+              for (int64_t r = 0; r < rows; ++r) {
+                for (int64_t i = r * kPositions; i < r * kPositions + n_cols; ++i) c[i] += part[i];
+              }
             }
           }
           a_tap += tw.matrix;
