@@ -92,9 +92,13 @@ inline void own_float_brgemm(int64_t M, int64_t N, int64_t K, int64_t lda, int64
   // Column panels outermost: a panel of B stays in L1 while A's rows go by (rows outermost, which
   // keeps A's tile in L1 instead, was no faster on any benchmark row). Where B's rows crowd into a
   // few of L1's sets each panel is copied first, its rows then back to back: float32 NCHW 1x1
-  // 4x256x32x32 -> 64 at 1 thread on a Zen 3, 1.18-1.22 -> 0.99-1.00 of torch's time.
+  // 4x256x32x32 -> 64 at 1 thread on a Zen 3, 1.18-1.22 -> 0.99-1.00 of torch's time. So is a panel
+  // of more than 128 rows that straddle cache lines (two lines a row: all of L1 for 256 rows): NCHW
+  // 1x1 2048 -> 512 on 7x7, 1.28 -> 1.14; 1024 -> 256 on 14x14, 1.14 -> 1.06 (the 3x3 calls of the
+  // plane path, whose B is as ragged, within the noise).
   const int64_t j0 = N / kGemmCols * kGemmCols;
-  const bool copy_panels = K <= kTapChunk && rows_crowd_l1(ldb, K);
+  const bool straddle = ldb % 16 != 0 || reinterpret_cast<uintptr_t>(b) % 64 != 0;
+  const bool copy_panels = K <= kTapChunk && (rows_crowd_l1(ldb, K) || (straddle && K > 128));
   // A panel's copy: of a crowded B, or of the last columns padded with zeros (below). Every caller's
   // K is one chunk of at most kTapChunk terms, so it fits on the stack.
   alignas(64) float copied[kTapChunk * kGemmCols];
