@@ -172,6 +172,19 @@ def test_float32_1x1_channels_last_reads_x_in_place(case, w_format):
     assert reference.bit_equal(padded.contiguous(), fuel_torch.conv2d(x, w, b, padding=1, groups=groups))
 
 
+@pytest.mark.parametrize("cout", [80, 24])
+def test_float32_1x1_channels_last_of_one_block_splits_its_channels_keeping_the_bits(cout):
+    # One 7x7 image is one block of pixels: with more threads than blocks its output channels are
+    # split among the threads, in whole column panels (80: five of 16; 24: 16 and 8).
+    x, w, b = operands("conv2d", 1, 300, cout, 1, (1, 1), (7, 7), True, torch.float32,
+                       torch.Generator().manual_seed(cout))
+    x = x.contiguous(memory_format=torch.channels_last)
+    before = fuel_torch._C.path_counts()["pointwise_brgemm_images"]
+    check_deterministic("conv2d", x, w, b, {})
+    assert fuel_torch._C.path_counts()["pointwise_brgemm_images"] > before or not brgemm_serves(torch.float32)
+    check_values("conv2d", fuel_torch.conv2d(x, w, b).contiguous(), x, w, b, {})
+
+
 # A 1x1 conv_transpose2d at stride 1, uncropped (a pointwise conv's input gradient), is the same
 # product with the weight's channel axes swapped: channels_last operands read in place as well, with
 # the NCHW call's bits. Groups, more than one 256-term chunk, and an odd output count per group;

@@ -9,6 +9,7 @@
 #include "axes.h"
 #include "kernel_common.h"
 #include "micro_kernel.h"
+#include "tiles.h"
 
 namespace fuel {
 namespace CPU_CAPABILITY {
@@ -62,19 +63,34 @@ void pack_chassis_weights(const Problem& p, const Axis& ax_h, const Axis& ax_w, 
   });
 }
 
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+template <typename T>
+inline constexpr bool kTurnTiles = std::is_same_v<T, float>;
+template <typename T>
+inline void turn_tile(const T* src, int64_t lds, T* dst, int64_t ldd) {
+  transpose_tile<T, T>(src, lds, dst, ldd);
+}
+#else
+template <typename T>
+inline constexpr bool kTurnTiles = false;
+template <typename T>
+inline void turn_tile(const T*, int64_t, T*, int64_t) {}
+#endif
+
 // The brgemm paths' weights: per group, one matrix per spatial tap (tap_offsets: where each tap
 // lies in the weight, in the order the matrices go), copied as they are. A matrix row is an output
-// channel's input channels (rows_are_outputs) or an input channel's output channels; row_start(g,
-// t, r) is where row r of group g's matrix t goes, its elements i_step apart. Copied a tile at a
-// time, every tap of the tile in turn, so that the weight lines a tile reads stay in L1: where a
-// row's elements lie close in the weight (an NCHW weight's input channels, 9 floats apart in a 3x3),
-// tiles of 8 whole rows; elsewhere (a whole weight row apart) 16 x 16 elements. One tap matrix after
+// channel's input channels (rows_are_outputs) or an input channel's output channels; dst(g, t, r, i)
+// is where element i of row r of group g's matrix t goes, the row's next elements i_step apart up
+// to the next multiple of `panel` (a row's elements in column panels: float_brgemm.h). Copied a tile
+// at a time, every tap of the tile in turn, so that the weight lines a tile reads stay in L1: where
+// a row's elements lie close in the weight (an NCHW weight's input channels, 9 floats apart in a
+// 3x3), tiles of 8 rows; elsewhere (a whole weight row apart) 16 x 16 elements. One tap matrix after
 // another over a large weight fetched a line for every element read: float32 3x3 512 -> 512 on
 // 14x14 at 1 thread on a Zen 3, the packing 16-18% of the call before, 10% after. The row blocks
 // are shared among the threads where the weight is large enough to pay for waking them.
-template <typename T, typename RowStart>
+template <typename T, typename Destination>
 void pack_tap_matrices(const Problem& p, const std::vector<int64_t>& tap_offsets, bool rows_are_outputs,
-                       int64_t i_step, const T* w, const int64_t* ws, RowStart&& row_start) {
+                       int64_t i_step, int64_t panel, const T* w, const int64_t* ws, Destination&& dst_of) {
   const int64_t G = p.groups, Cin_g = p.Cin / G, Cout_g = p.Cout / G;
   const int64_t taps = static_cast<int64_t>(tap_offsets.size());
   const int64_t rows = rows_are_outputs ? Cout_g : Cin_g, row_length = rows_are_outputs ? Cin_g : Cout_g;
@@ -84,22 +100,42 @@ void pack_tap_matrices(const Problem& p, const std::vector<int64_t>& tap_offsets
   const int64_t along_row = rows_are_outputs ? ci_stride : co_stride;
   const int64_t down_rows = rows_are_outputs ? co_stride : ci_stride;
   const bool row_close = std::abs(along_row) <= 16;
-  // A tile's source in L1: 8 rows of up to 4096 / 8 elements' span.
-  const int64_t tile_rows = row_close ? 8 : 16;
-  const int64_t tile_length = row_close ? std::max<int64_t>(16, 512 / std::max<int64_t>(1, std::abs(along_row)) / 16 * 16) : 16;
-  const int64_t row_blocks = (rows + tile_rows - 1) / tile_rows;
-  const int64_t per_block = std::max<int64_t>(1, tile_rows * row_length * taps);
-  at::parallel_for(0, G * row_blocks, std::max<int64_t>(1, (1 << 16) / per_block), [&](int64_t first, int64_t last) {
-    for (int64_t block = first; block < last; ++block) {
-      const int64_t g = block / row_blocks, r0 = block % row_blocks * tile_rows, r1 = std::min(rows, r0 + tile_rows);
+  // A thread's share: 8 whole rows where a row lies close, else 16 columns of every row, so that
+  // the weight is read as a few runs that each move forward.
+  const int64_t tile_rows = row_close ? 8 : 16, tile_length = std::min(panel, row_close ? row_length : 16);
+  const int64_t share_rows = row_close ? tile_rows : rows, share_length = row_close ? row_length : tile_length;
+  const int64_t row_shares = (rows + share_rows - 1) / share_rows;
+  const int64_t column_shares = (row_length + share_length - 1) / share_length;
+  const int64_t per_share = std::max<int64_t>(1, share_rows * share_length * taps);
+  // Far-apart rows of float whose elements run down the rows (a 1x1 weight as [ci][co], a
+  // channels_last one): a whole tile's 16 rows of 16 loaded as vectors and turned round in
+  // registers (tiles.h). Element by element, every load missed L1 (16 lines 8 KiB apart share one
+  // set): the packing of a channels_last 1x1 2048 -> 512 took more than half of its call.
+  const bool turn_tiles = kTurnTiles<T> && !row_close && down_rows == 1 && i_step == 1;
+  at::parallel_for(0, G * row_shares * column_shares, std::max<int64_t>(1, (1 << 16) / per_share),
+                   [&](int64_t first, int64_t last) {
+    for (int64_t share = first; share < last; ++share) {
+      const int64_t g = share / (row_shares * column_shares);
+      const int64_t row_lo = share / column_shares % row_shares * share_rows, row_hi = std::min(rows, row_lo + share_rows);
+      const int64_t i_lo = share % column_shares * share_length, i_hi = std::min(row_length, i_lo + share_length);
       const T* group = w + weight_offset(p, ws, g, 0, 0);
-      for (int64_t i0 = 0; i0 < row_length; i0 += tile_length) {
-        const int64_t i1 = std::min(row_length, i0 + tile_length);
-        for (int64_t t = 0; t < taps; ++t) {
-          const T* src = group + tap_offsets[t];
-          for (int64_t r = r0; r < r1; ++r) {
-            T* dst = row_start(g, t, r);
-            for (int64_t i = i0; i < i1; ++i) dst[i * i_step] = src[r * down_rows + i * along_row];
+      for (int64_t r0 = row_lo; r0 < row_hi; r0 += tile_rows) {
+        const int64_t r1 = std::min(row_hi, r0 + tile_rows);
+        for (int64_t i0 = i_lo; i0 < i_hi; i0 += tile_length) {
+          const int64_t i1 = std::min(i_hi, i0 + tile_length);
+          if (turn_tiles && r1 - r0 == 16 && i1 - i0 == 16) {
+            for (int64_t t = 0; t < taps; ++t) {
+              T* dst = dst_of(g, t, r0, i0);
+              turn_tile(group + tap_offsets[t] + r0 + i0 * along_row, along_row, dst, dst_of(g, t, r0 + 1, i0) - dst);
+            }
+            continue;
+          }
+          for (int64_t t = 0; t < taps; ++t) {
+            const T* src = group + tap_offsets[t];
+            for (int64_t r = r0; r < r1; ++r) {
+              T* dst = dst_of(g, t, r, i0);
+              for (int64_t i = i0; i < i1; ++i) dst[(i - i0) * i_step] = src[r * down_rows + i * along_row];
+            }
           }
         }
       }

@@ -416,10 +416,11 @@ std::vector<scalar_t> pack_patch_weights(const Problem& p, std::vector<PatchPhas
   }
   std::vector<scalar_t> packed(p.groups * total, scalar_t(0.f));
   // Row k of B: [k][co] at k * Cout_g, or k / 2's pairs [co][2] at k / 2 * Cout_g * 2, half k % 2.
-  pack_tap_matrices<scalar_t>(p, tap_offsets, false, paired ? 2 : 1, w, ws, [&](int64_t g, int64_t t, int64_t ci) {
-    const int64_t k = tap_k[t] + ci;
-    return packed.data() + g * total + (paired ? k / 2 * Cout_g * 2 + k % 2 : k * Cout_g);
-  });
+  pack_tap_matrices<scalar_t>(p, tap_offsets, false, paired ? 2 : 1, Cout_g, w, ws,
+                              [&](int64_t g, int64_t t, int64_t ci, int64_t co) {
+                                const int64_t k = tap_k[t] + ci;
+                                return packed.data() + g * total + (paired ? (k / 2 * Cout_g + co) * 2 + k % 2 : k * Cout_g + co);
+                              });
   return packed;
 }
 

@@ -87,8 +87,8 @@ inline std::unique_ptr<float[]> pack_plane_weights(const Problem& p, const std::
   auto packed = scratch<float>(G * taps * matrix);
   const bool planes = layout == PlaneLayout::planes;
   const int64_t row_length = planes ? Cin_g : Cout_g;
-  pack_tap_matrices<float>(p, tap_offsets, planes, 1, w, ws, [&](int64_t g, int64_t t, int64_t r) {
-    return packed.get() + (g * taps + t) * matrix + r * row_length;
+  pack_tap_matrices<float>(p, tap_offsets, planes, 1, row_length, w, ws, [&](int64_t g, int64_t t, int64_t r, int64_t i) {
+    return packed.get() + (g * taps + t) * matrix + r * row_length + i;
   });
   return packed;
 }

@@ -17,6 +17,7 @@
 #include "float_brgemm.h"
 #include "kernel_common.h"
 #include "kernel_table.h"
+#include "packing.h"
 
 namespace fuel {
 namespace CPU_CAPABILITY {
@@ -41,23 +42,14 @@ inline void convolve_pointwise_nhwc(const Problem& p, const float* x, const Layo
                                     const float* bias, float* out, const Layout& ol) {
   namespace cpublas = at::native::cpublas;
   const int64_t G = p.groups, Cin_g = p.Cin / G, Cout_g = p.Cout / G;
-  const float* w = static_cast<const float*>(o.weight);
-  const int64_t* ws = o.weight_strides;
-  // Element (ci, co) of group g: conv2d's weight is [Cout][Cin / G], conv_transpose2d's [Cin][Cout / G].
-  const int64_t ci_stride = p.transpose ? ws[0] : ws[1], co_stride = p.transpose ? ws[1] : ws[0];
-  const int64_t group_stride = p.transpose ? Cin_g * ws[0] : Cout_g * ws[0];
   // Group g's [ci][co] in panels of b_panel_cols outputs, each [ci][column].
   const int64_t panel_cols = b_panel_cols(Cout_g);
-  std::vector<float> packed(G * Cin_g * Cout_g);
-  for (int64_t g = 0; g < G; ++g) {
-    for (int64_t j0 = 0; j0 < Cout_g; j0 += panel_cols) {
-      const int64_t cols = std::min(panel_cols, Cout_g - j0);
-      float* panel = packed.data() + g * Cin_g * Cout_g + j0 * Cin_g;
-      for (int64_t ci = 0; ci < Cin_g; ++ci) {
-        for (int64_t j = 0; j < cols; ++j) panel[ci * cols + j] = w[g * group_stride + ci * ci_stride + (j0 + j) * co_stride];
-      }
-    }
-  }
+  const auto packed = scratch<float>(G * Cin_g * Cout_g);
+  pack_tap_matrices<float>(p, {0}, false, 1, panel_cols, static_cast<const float*>(o.weight), o.weight_strides,
+                           [&](int64_t g, int64_t, int64_t ci, int64_t co) {
+                             const int64_t j0 = co / panel_cols * panel_cols, cols = std::min(panel_cols, Cout_g - j0);
+                             return packed.get() + g * Cin_g * Cout_g + j0 * Cin_g + ci * cols + co - j0;
+                           });
   path_counts().float_brgemm_images += p.N;
   path_counts().pointwise_brgemm_images += p.N;
   // Pixels in blocks along an output row, or along the whole image where its rows lie back to back
@@ -66,20 +58,28 @@ inline void convolve_pointwise_nhwc(const Problem& p, const float* x, const Layo
   const int64_t rows = flat ? 1 : p.Ho, row_length = flat ? p.Ho * p.Wo : p.Wo;
   const int64_t blocks = (row_length + kPointwisePositions - 1) / kPointwisePositions;
   const int64_t ld_a = p.stride[1] * xl.w;
-  at::parallel_for(0, p.N * G * rows * blocks, 1, [&](int64_t first, int64_t last) {
+  // Fewer blocks of pixels than threads (one 7x7 image: one block) split the output channels too,
+  // in whole panels; any split gives the same bits.
+  const int64_t pixel_tasks = p.N * G * rows * blocks, panels = (Cout_g + panel_cols - 1) / panel_cols;
+  const int64_t threads = at::get_num_threads();
+  const int64_t co_blocks = pixel_tasks >= threads ? 1 : std::min(panels, (threads + pixel_tasks - 1) / pixel_tasks);
+  const int64_t co_block = (panels + co_blocks - 1) / co_blocks * panel_cols;
+  at::parallel_for(0, pixel_tasks * co_blocks, 1, [&](int64_t first, int64_t last) {
     const auto part = scratch<float>(Cin_g > kTapChunk ? kPointwisePositions * Cout_g : 0);
     for (int64_t task = first; task < last; ++task) {
-      const int64_t block = task % blocks, row = task / blocks % rows, g = task / blocks / rows % G;
-      const int64_t n = task / blocks / rows / G;
+      const int64_t co_first = task % co_blocks * co_block, co_last = std::min(Cout_g, co_first + co_block);
+      const int64_t pixels = task / co_blocks;
+      const int64_t block = pixels % blocks, row = pixels / blocks % rows, g = pixels / blocks / rows % G;
+      const int64_t n = pixels / blocks / rows / G;
       const int64_t j0 = block * kPointwisePositions, count = std::min(kPointwisePositions, row_length - j0);
       const float* a = x + n * xl.n + row * p.stride[0] * xl.h + j0 * ld_a + g * Cin_g;
       float* c = out + n * ol.n + row * ol.h + j0 * ol.w + g * Cout_g;
       for (int64_t i = 0; i < count; ++i) {
-        for (int64_t co = 0; co < Cout_g; ++co) c[i * ol.w + co] = bias ? bias[g * Cout_g + co] : 0.f;
+        for (int64_t co = co_first; co < co_last; ++co) c[i * ol.w + co] = bias ? bias[g * Cout_g + co] : 0.f;
       }
-      for (int64_t c0 = 0; c0 < Cout_g; c0 += panel_cols) {
+      for (int64_t c0 = co_first; c0 < co_last; c0 += panel_cols) {
         const int64_t cols = std::min(panel_cols, Cout_g - c0);
-        const float* b = packed.data() + g * Cin_g * Cout_g + c0 * Cin_g;
+        const float* b = packed.get() + g * Cin_g * Cout_g + c0 * Cin_g;
         if (Cin_g <= kTapChunk) {
           float_brgemm(count, cols, Cin_g, ld_a, cols, ol.w, true, a, b, c + c0);
           continue;

@@ -272,8 +272,8 @@ TapWeights<T> pack_tap_weights(const Problem& p, const Axis& ax_h, const Axis& a
   const int64_t size = G * tw.taps_per_group * tw.matrix;
   tw.data = scratch<T>(size);
   if (K > Cin_g) std::fill_n(tw.data.get(), size, T(0.f));  // a bfloat16 pair's missing half
-  pack_tap_matrices<T>(p, tap_offsets, true, 1, w, ws, [&](int64_t g, int64_t t, int64_t co) {
-    return tw.data.get() + (g * tw.taps_per_group + t) * tw.matrix + co * K;
+  pack_tap_matrices<T>(p, tap_offsets, true, 1, K, w, ws, [&](int64_t g, int64_t t, int64_t co, int64_t ci) {
+    return tw.data.get() + (g * tw.taps_per_group + t) * tw.matrix + co * K + ci;
   });
   if constexpr (std::is_same_v<T, at::BFloat16>) scan_exponents(tw.data.get(), size, 1, tw.emin, tw.subnormal);
   return tw;
