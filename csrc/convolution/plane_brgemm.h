@@ -120,8 +120,11 @@ inline void convolve_plane_brgemm(const Problem& p, const Axis& ax_h, const Axis
   // The channel blocks share the work among the threads where the images alone would not (one 14x14
   // image of 512 -> 512 channels made 7 blocks of 32 positions, 4 + 3 over 2 threads).
   const int64_t co_blocks = (Cout_g + kPlaneChannels - 1) / kPlaneChannels;
-  const int64_t block = rows_for_threads(kPlanePositions, plane, p.N * G * co_blocks, at::get_num_threads());
-  const int64_t blocks = (plane + block - 1) / block;
+  // Blocks of equal size (in whole vectors): a 14x14 image as 128 + 68 positions gave one of 2
+  // threads twice the other's work (256 -> 256 channels: 4 tasks each).
+  const int64_t most = rows_for_threads(kPlanePositions, plane, p.N * G * co_blocks, at::get_num_threads());
+  const int64_t blocks = (plane + most - 1) / most, V = Vectorized<float>::size();
+  const int64_t block = std::min(most, ((plane + blocks - 1) / blocks + V - 1) / V * V);
   int64_t widest_shift = 0;
   for (const Tap& b : taps_w) widest_shift = std::max(widest_shift, std::abs(b.offset));
   // The kept C values of one tap: the outside columns of a block's rows, for each channel of C.
