@@ -172,11 +172,13 @@ def test_float32_1x1_channels_last_reads_x_in_place(case, w_format):
     assert reference.bit_equal(padded.contiguous(), fuel_torch.conv2d(x, w, b, padding=1, groups=groups))
 
 
-@pytest.mark.parametrize("cout", [80, 24])
-def test_float32_1x1_channels_last_of_one_block_splits_its_channels_keeping_the_bits(cout):
+@pytest.mark.parametrize("spatial,cout", [((7, 7), 80), ((7, 7), 24), ((14, 14), 40), ((3, 5), 24)])
+def test_float32_1x1_channels_last_of_few_blocks_keeps_the_bits_for_every_split(spatial, cout):
     # One 7x7 image is one block of pixels: with more threads than blocks its output channels are
-    # split among the threads, in whole column panels (80: five of 16; 24: 16 and 8).
-    x, w, b = operands("conv2d", 1, 300, cout, 1, (1, 1), (7, 7), True, torch.float32,
+    # split among the threads, in whole column panels (80: five of 16; 24: 16 and 8). A few blocks
+    # are made equal (196 pixels: 4 x 49) and, where one more makes whole rounds of the threads,
+    # one more (15 pixels: 8 + 7 at 2 threads).
+    x, w, b = operands("conv2d", 1, 300, cout, 1, (1, 1), spatial, True, torch.float32,
                        torch.Generator().manual_seed(cout))
     x = x.contiguous(memory_format=torch.channels_last)
     before = fuel_torch._C.path_counts()["pointwise_brgemm_images"]

@@ -56,12 +56,21 @@ inline void convolve_pointwise_nhwc(const Problem& p, const float* x, const Layo
   // in x and out alike (stride 1: every input pixel is read).
   const bool flat = p.stride[0] == 1 && p.stride[1] == 1 && xl.h == p.W * xl.w && ol.h == p.Wo * ol.w;
   const int64_t rows = flat ? 1 : p.Ho, row_length = flat ? p.Ho * p.Wo : p.Wo;
-  const int64_t blocks = (row_length + kPointwisePositions - 1) / kPointwisePositions;
+  // Where the blocks make only a few tasks per thread: blocks of equal size, as many as make whole
+  // rounds of the threads where that takes one more (one 14x14 image: 196 pixels as 64 + 64 + 64 +
+  // 4 gave one of 2 threads twice the other's work; now 4 x 49). Many tasks keep 64 (4x784 pixels
+  // as 61s ran 5% slower: 61 rows end in a one-row register tile).
+  const int64_t threads = at::get_num_threads();
+  int64_t blocks = (row_length + kPointwisePositions - 1) / kPointwisePositions, block = kPointwisePositions;
+  if (p.N * G * rows * blocks < 4 * threads) {
+    const int64_t others = p.N * G * rows;
+    if (blocks < row_length && others * blocks % threads != 0 && others * (blocks + 1) % threads == 0) ++blocks;
+    block = (row_length + blocks - 1) / blocks;
+  }
   const int64_t ld_a = p.stride[1] * xl.w;
   // Fewer blocks of pixels than threads (one 7x7 image: one block) split the output channels too,
   // in whole panels; any split gives the same bits.
   const int64_t pixel_tasks = p.N * G * rows * blocks, panels = (Cout_g + panel_cols - 1) / panel_cols;
-  const int64_t threads = at::get_num_threads();
   const int64_t co_blocks = pixel_tasks >= threads ? 1 : std::min(panels, (threads + pixel_tasks - 1) / pixel_tasks);
   const int64_t co_block = (panels + co_blocks - 1) / co_blocks * panel_cols;
   at::parallel_for(0, pixel_tasks * co_blocks, 1, [&](int64_t first, int64_t last) {
@@ -69,9 +78,10 @@ inline void convolve_pointwise_nhwc(const Problem& p, const float* x, const Layo
     for (int64_t task = first; task < last; ++task) {
       const int64_t co_first = task % co_blocks * co_block, co_last = std::min(Cout_g, co_first + co_block);
       const int64_t pixels = task / co_blocks;
-      const int64_t block = pixels % blocks, row = pixels / blocks % rows, g = pixels / blocks / rows % G;
+      const int64_t row = pixels / blocks % rows, g = pixels / blocks / rows % G;
       const int64_t n = pixels / blocks / rows / G;
-      const int64_t j0 = block * kPointwisePositions, count = std::min(kPointwisePositions, row_length - j0);
+      const int64_t j0 = pixels % blocks * block, count = std::min(block, row_length - j0);
+      if (count <= 0) continue;
       const float* a = x + n * xl.n + row * p.stride[0] * xl.h + j0 * ld_a + g * Cin_g;
       float* c = out + n * ol.n + row * ol.h + j0 * ol.w + g * Cout_g;
       for (int64_t i = 0; i < count; ++i) {
