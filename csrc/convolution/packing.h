@@ -77,6 +77,36 @@ template <typename T>
 inline void turn_tile(const T*, int64_t, T*, int64_t) {}
 #endif
 
+// One past the weight's last element (its strides positive: the contract's layout rule).
+template <typename T>
+const T* weight_end(const Problem& p, const T* w, const int64_t* ws) {
+  const int64_t d0 = p.transpose ? p.Cin : p.Cout, d1 = (p.transpose ? p.Cout : p.Cin) / p.groups;
+  return w + (d0 - 1) * ws[0] + (d1 - 1) * ws[1] + (p.Kh - 1) * ws[2] + (p.Kw - 1) * ws[3] + 1;
+}
+
+// Elements [i0, i1) of one matrix row for every tap, where each element's taps lie side by side
+// (element i's tap t at row[i * along_row + tap_offsets[t]], every offset below 16): the 16-float
+// windows of 16 elements turned round in registers, each tap's 16 values then one row of the
+// result; element by element where a window would read past the weight's last element.
+// dst_of_tap(t, i): where the row's element i of tap t goes, the next ones after it.
+template <typename T, typename Destination>
+void copy_tap_windows(const T* row, int64_t along_row, int64_t i0, int64_t i1, const std::vector<int64_t>& tap_offsets,
+                      const T* w_end, Destination&& dst_of_tap) {
+  for (int64_t c0 = i0; c0 < i1; c0 += 16) {
+    const T* window = row + c0 * along_row;
+    const int64_t count = std::min<int64_t>(16, i1 - c0);
+    alignas(64) T turned[16 * 16];  // turned[o * 16 + i]: element c0 + i's float o
+    const bool whole = count == 16 && window + 15 * along_row + 16 <= w_end;
+    if (whole) turn_tile(window, along_row, turned, 16);
+    for (int64_t t = 0; t < static_cast<int64_t>(tap_offsets.size()); ++t) {
+      T* dst = dst_of_tap(t, c0);
+      for (int64_t i = 0; i < count; ++i) {
+        dst[i] = whole ? turned[tap_offsets[t] * 16 + i] : window[i * along_row + tap_offsets[t]];
+      }
+    }
+  }
+}
+
 // The brgemm paths' weights: per group, one matrix per spatial tap (tap_offsets: where each tap
 // lies in the weight, in the order the matrices go), copied as they are. A matrix row is an output
 // channel's input channels (rows_are_outputs) or an input channel's output channels; dst(g, t, r, i)
@@ -109,18 +139,16 @@ void pack_tap_matrices(const Problem& p, const std::vector<int64_t>& tap_offsets
   const int64_t per_share = std::max<int64_t>(1, share_rows * share_length * taps);
   // Far-apart rows of float whose elements run down the rows (a 1x1 weight as [ci][co], a
   // channels_last one): a whole tile's 16 rows of 16 loaded as vectors and turned round in
-  // registers (tiles.h). Element by element, every load missed L1 (16 lines 8 KiB apart share one
-  // set): the packing of a channels_last 1x1 2048 -> 512 took more than half of its call.
+  // registers (tiles.h). Element by element every load missed L1 (16 lines 8 KiB apart share one
+  // set), and the packing took more than half of a channels_last 1x1 2048 -> 512 call on 7x7 (Zen 3,
+  // 1 thread: 1.9-2.15 -> 1.09 of torch's time).
   const bool turn_tiles = kTurnTiles<T> && !row_close && down_rows == 1 && i_step == 1;
-  // Rows whose elements each hold every tap side by side (an NCHW weight [co][ci][kh][kw] as A: a
-  // row's input channels 9 floats apart in a 3x3): the 16-float windows of 16 elements turned round
-  // in registers, each tap's 16 values then one row of the result. Element by element the packing
-  // took a fifth of a 3x3/2 256 -> 512 call on 14x14 (Zen 3). A window reads past its element's
-  // taps, so only where the weight goes on that far.
+  // Rows whose elements each hold every tap side by side (an NCHW weight [co][ci][kh][kw] as A):
+  // copy_tap_windows. Element by element the packing took about a quarter of an NCHW 3x3/2 256 ->
+  // 512 call on 14x14 (1.41-1.49 -> 1.28-1.30 of torch's time).
   bool turn_windows = kTurnTiles<T> && row_close && along_row > 1 && i_step == 1;
   for (int64_t offset : tap_offsets) turn_windows = turn_windows && offset >= 0 && offset < 16;
-  const int64_t d0 = p.transpose ? p.Cin : p.Cout, d1 = p.transpose ? Cout_g : Cin_g;
-  const T* const w_end = w + (d0 - 1) * ws[0] + (d1 - 1) * ws[1] + (p.Kh - 1) * ws[2] + (p.Kw - 1) * ws[3] + 1;
+  const T* const w_end = weight_end(p, w, ws);
   at::parallel_for(0, G * row_shares * column_shares, std::max<int64_t>(1, (1 << 16) / per_share),
                    [&](int64_t first, int64_t last) {
     for (int64_t share = first; share < last; ++share) {
@@ -141,19 +169,8 @@ void pack_tap_matrices(const Problem& p, const std::vector<int64_t>& tap_offsets
           }
           if (turn_windows) {
             for (int64_t r = r0; r < r1; ++r) {
-              for (int64_t c0 = i0; c0 < i1; c0 += 16) {
-                const T* window = group + r * down_rows + c0 * along_row;
-                const int64_t count = std::min<int64_t>(16, i1 - c0);
-                alignas(64) T turned[16 * 16];  // turned[o * 16 + i]: element c0 + i's float o
-                const bool whole = count == 16 && window + 15 * along_row + 16 <= w_end;
-                if (whole) turn_tile(window, along_row, turned, 16);
-                for (int64_t t = 0; t < taps; ++t) {
-                  T* dst = dst_of(g, t, r, c0);
-                  for (int64_t i = 0; i < count; ++i) {
-                    dst[i] = whole ? turned[tap_offsets[t] * 16 + i] : window[i * along_row + tap_offsets[t]];
-                  }
-                }
-              }
+              copy_tap_windows(group + r * down_rows, along_row, i0, i1, tap_offsets, w_end,
+                               [&](int64_t t, int64_t i) { return dst_of(g, t, r, i); });
             }
             continue;
           }
