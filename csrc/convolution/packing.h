@@ -107,6 +107,21 @@ void copy_tap_windows(const T* row, int64_t along_row, int64_t i0, int64_t i1, c
   }
 }
 
+// A 16 x 16 tile of every tap's matrix where each element's taps lie side by side and the tile's
+// rows lie close (element (r, i)'s tap t at src[i * along_row + r * down_rows + tap_offsets[t]],
+// every offset below 16: a conv_transpose2d's NCHW weight as A, the forward weight read down its
+// input channels): each column's 16 windows turned round in registers, then each tap's 16 x 16
+// turned again into its rows. dst_of_tap(t): where the tile's first row goes, its rows ldd apart.
+template <typename T, typename Destination>
+void turn_tap_columns(const T* src, int64_t along_row, int64_t down_rows, const std::vector<int64_t>& tap_offsets,
+                      int64_t ldd, Destination&& dst_of_tap) {
+  alignas(64) T turned[16 * 16 * 16];  // turned[(i * 16 + o) * 16 + r]: element (r, i)'s float o
+  for (int64_t i = 0; i < 16; ++i) turn_tile(src + i * along_row, down_rows, turned + i * 256, 16);
+  for (int64_t t = 0; t < static_cast<int64_t>(tap_offsets.size()); ++t) {
+    turn_tile(turned + tap_offsets[t] * 16, 256, dst_of_tap(t), ldd);
+  }
+}
+
 // The brgemm paths' weights: per group, one matrix per spatial tap (tap_offsets: where each tap
 // lies in the weight, in the order the matrices go), copied as they are. A matrix row is an output
 // channel's input channels (rows_are_outputs) or an input channel's output channels; dst(g, t, r, i)
@@ -146,8 +161,13 @@ void pack_tap_matrices(const Problem& p, const std::vector<int64_t>& tap_offsets
   // Rows whose elements each hold every tap side by side (an NCHW weight [co][ci][kh][kw] as A):
   // copy_tap_windows. Element by element the packing took about a quarter of an NCHW 3x3/2 256 ->
   // 512 call on 14x14 (1.41-1.49 -> 1.28-1.30 of torch's time).
-  bool turn_windows = kTurnTiles<T> && row_close && along_row > 1 && i_step == 1;
-  for (int64_t offset : tap_offsets) turn_windows = turn_windows && offset >= 0 && offset < 16;
+  bool taps_close = true;
+  for (int64_t offset : tap_offsets) taps_close = taps_close && offset >= 0 && offset < 16;
+  const bool turn_windows = kTurnTiles<T> && taps_close && row_close && along_row > 1 && i_step == 1;
+  // Their columns, where the rows lie close instead (a conv_transpose2d's NCHW weight as A, the
+  // input gradient of a conv2d): turn_tap_columns. Element by element the packing took more than a
+  // quarter of a 3x3 512 -> 512 conv_transpose2d on 14x14.
+  const bool turn_columns = kTurnTiles<T> && taps_close && !row_close && down_rows > 1 && down_rows <= 16 && i_step == 1;
   const T* const w_end = weight_end(p, w, ws);
   at::parallel_for(0, G * row_shares * column_shares, std::max<int64_t>(1, (1 << 16) / per_share),
                    [&](int64_t first, int64_t last) {
@@ -166,6 +186,14 @@ void pack_tap_matrices(const Problem& p, const std::vector<int64_t>& tap_offsets
               turn_tile(group + tap_offsets[t] + r0 + i0 * along_row, along_row, dst, dst_of(g, t, r0 + 1, i0) - dst);
             }
             continue;
+          }
+          if (turn_columns && r1 - r0 == 16 && i1 - i0 == 16) {
+            const T* src = group + i0 * along_row + r0 * down_rows;
+            if (src + 15 * along_row + 15 * down_rows + 16 <= w_end) {
+              turn_tap_columns(src, along_row, down_rows, tap_offsets,
+                               dst_of(g, 0, r0 + 1, i0) - dst_of(g, 0, r0, i0), [&](int64_t t) { return dst_of(g, t, r0, i0); });
+              continue;
+            }
           }
           if (turn_windows) {
             for (int64_t r = r0; r < r1; ++r) {
