@@ -33,6 +33,12 @@ inline int64_t weight_offset(const Problem& p, const int64_t* ws, int64_t g, int
   return p.transpose ? (g * Cin_g + ci) * ws[0] + co * ws[1] : (g * Cout_g + co) * ws[0] + ci * ws[1];
 }
 
+// The size of each of `blocks` equal blocks that cover `total` items, in whole `unit`s: the tasks of
+// a split then carry the same work (any split gives the same bits).
+inline int64_t equal_block(int64_t total, int64_t blocks, int64_t unit) {
+  return ((total + blocks - 1) / blocks + unit - 1) / unit * unit;
+}
+
 // The summation order every kernel keeps (see contracts/convolution.fkc.md, Arithmetic).
 constexpr int64_t kBlock = 32;             // taps per fused multiply-add chain
 constexpr int64_t kTapChunk = 256;         // taps per chunk (a multiple of kBlock)

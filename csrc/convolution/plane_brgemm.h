@@ -72,9 +72,9 @@ bool plane_brgemm_serves(const Problem& p, const Axis& ax_h, const Axis& ax_w, c
 
 // Per group, per tap in the sums' order, W_tap as brgemm's A, [Cout_g][Cin_g] (planes), or as its
 // B, [Cin_g][Cout_g] (pixels), into memory left uninitialised (every element is written). 512 ->
-// 512 on 7x7 at 1 thread on a Zen 3, fuel / torch, packed a tap at a time against by tiles
-// (pack_tap_matrices): 1.64 -> 1.22-1.29; channels_last (the packing 27% of the call before) 2.06 ->
-// 1.51-1.61, on 7x7 2.38-2.49 -> 1.79-1.96.
+// 512 at 1 thread on a Zen 3, fuel / torch, packed one tap matrix after another -> by tiles
+// (pack_tap_matrices): 14x14 1.40 -> 1.24-1.30, 7x7 1.64 -> 1.22-1.29; channels_last (the packing 27%
+// of the call before) 14x14 2.06 -> 1.51-1.61, 7x7 2.38-2.49 -> 1.79-1.96.
 inline std::unique_ptr<float[]> pack_plane_weights(const Problem& p, const std::vector<Tap>& taps_h,
                                                    const std::vector<Tap>& taps_w, PlaneLayout layout, const float* w,
                                                    const int64_t* ws) {
@@ -126,8 +126,8 @@ inline void convolve_plane_brgemm(const Problem& p, const Axis& ax_h, const Axis
   // equal blocks in position-first runs, 1.06-1.21 in channel-first runs.
   const int64_t co_blocks = (Cout_g + kPlaneChannels - 1) / kPlaneChannels;
   const int64_t most = rows_for_threads(kPlanePositions, plane, p.N * G * co_blocks, at::get_num_threads());
-  const int64_t blocks = (plane + most - 1) / most, V = Vectorized<float>::size();
-  const int64_t block = std::min(most, ((plane + blocks - 1) / blocks + V - 1) / V * V);
+  const int64_t blocks = (plane + most - 1) / most;
+  const int64_t block = std::min(most, equal_block(plane, blocks, Vectorized<float>::size()));
   int64_t widest_shift = 0;
   for (const Tap& b : taps_w) widest_shift = std::max(widest_shift, std::abs(b.offset));
   // The kept C values of one tap: the outside columns of a block's rows, for each channel of C.

@@ -65,7 +65,7 @@ inline void convolve_pointwise_nhwc(const Problem& p, const float* x, const Layo
   if (p.N * G * rows * blocks < 4 * threads) {
     const int64_t others = p.N * G * rows;
     if (blocks < row_length && others * blocks % threads != 0 && others * (blocks + 1) % threads == 0) ++blocks;
-    block = (row_length + blocks - 1) / blocks;
+    block = equal_block(row_length, blocks, 1);
   }
   const int64_t ld_a = p.stride[1] * xl.w;
   // Fewer blocks of pixels than threads (one 7x7 image: one block) split the output channels too,

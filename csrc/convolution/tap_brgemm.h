@@ -384,7 +384,7 @@ std::vector<char> convolve_tap_brgemm(const Problem& p, const Axis& ax_h, const 
   // instead, 56 as 3 x 16 + 8, left the last 8 to float_brgemm's copied tail: no faster.)
   static_assert(kPositions % kGemmCols == 0);
   const int64_t blocks = (max_positions + kPositions - 1) / kPositions;
-  const int64_t width = ((max_positions + blocks - 1) / blocks + kGemmCols - 1) / kGemmCols * kGemmCols;
+  const int64_t width = equal_block(max_positions, blocks, kGemmCols);
   std::vector<float> bias_f(p.Cout, 0.f);
   for (int64_t c = 0; bias && c < p.Cout; ++c) bias_f[c] = static_cast<float>(bias[c]);
 
