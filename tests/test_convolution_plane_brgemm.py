@@ -51,6 +51,10 @@ CASES = [
     ("conv2d", 1, 192, 16, 1, (3, 1), (7, 9), {"padding": (1, 0)}, True),  # taps along the columns only
     ("conv_transpose2d", 2, 64, 48, 1, (3, 3), (9, 8), {"padding": 1}, True),
     ("conv_transpose2d", 1, 128, 32, 1, (5, 5), (6, 7), {"padding": 2}, False),
+    # NCHW 7x7 and 5x5 weights, each element's taps in one window: packed as 16 x 16 tiles of runs of
+    # 16 taps and tap by tap for the rest (copy_windows_taps, packing.h)
+    ("conv2d", 1, 64, 48, 1, (7, 7), (9, 10), {"padding": 3}, True),
+    ("conv2d", 2, 64, 80, 1, (5, 5), (6, 6), {"padding": 2}, False),
     # NCHW planes 1 and 4 KiB apart, whose rows crowd into a few of L1's sets: x staged per block
     ("conv2d", 1, 64, 40, 1, (3, 3), (16, 16), {"padding": 1}, True),
     ("conv2d", 1, 64, 24, 1, (3, 3), (32, 32), {"padding": 2, "dilation": 2}, False),

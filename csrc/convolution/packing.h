@@ -122,6 +122,37 @@ void turn_tap_columns(const T* src, int64_t along_row, int64_t down_rows, const 
   }
 }
 
+// Elements [j0, j1) (16 at most) of one matrix row for every tap, where each element's taps lie in
+// one window (element i's tap t at row[i * along_row + tap_offsets[t]]), tap after tap: each tap's
+// values are one line of the result, read from the elements' windows (a few KB, in L1). Runs of 16
+// taps one element apart are turned round in registers as a 16 x 16 tile where the result's rows
+// for them lie evenly apart; the rest go element by element. dst_of_tap(t): where the row's
+// element j0 of tap t goes, element i at (i - j0) * i_step after it.
+template <typename T, typename Destination>
+void copy_windows_taps(const T* row, int64_t along_row, int64_t j0, int64_t j1, const std::vector<int64_t>& tap_offsets,
+                       int64_t i_step, const T* w_end, Destination&& dst_of_tap) {
+  const int64_t taps = static_cast<int64_t>(tap_offsets.size());
+  for (int64_t t = 0; t < taps;) {
+    T* dst = dst_of_tap(t);
+    if (kTurnTiles<T> && i_step == 1 && j1 - j0 == 16 && t + 16 <= taps &&
+        tap_offsets[t + 15] - tap_offsets[t] == 15 &&
+        row + (j1 - 1) * along_row + tap_offsets[t] + 16 <= w_end) {
+      bool runs_on = true;
+      const int64_t ldd = dst_of_tap(t + 1) - dst;
+      for (int64_t k = 1; k < 16; ++k) {
+        runs_on = runs_on && tap_offsets[t + k] == tap_offsets[t] + k && dst_of_tap(t + k) - dst == k * ldd;
+      }
+      if (runs_on) {
+        turn_tile(row + j0 * along_row + tap_offsets[t], along_row, dst, ldd);
+        t += 16;
+        continue;
+      }
+    }
+    for (int64_t i = j0; i < j1; ++i) dst[(i - j0) * i_step] = row[i * along_row + tap_offsets[t]];
+    ++t;
+  }
+}
+
 // The brgemm paths' weights: per group, one matrix per spatial tap (tap_offsets: where each tap
 // lies in the weight, in the order the matrices go), copied as they are. A matrix row is an output
 // channel's input channels (rows_are_outputs) or an input channel's output channels; dst(g, t, r, i)
@@ -145,10 +176,24 @@ void pack_tap_matrices(const Problem& p, const std::vector<int64_t>& tap_offsets
   const int64_t along_row = rows_are_outputs ? ci_stride : co_stride;
   const int64_t down_rows = rows_are_outputs ? co_stride : ci_stride;
   const bool row_close = std::abs(along_row) <= 16;
-  // A thread's share: 8 whole rows where a row lies close, else 16 columns of every row, so that
-  // the weight is read as a few runs that each move forward.
-  const int64_t tile_rows = row_close ? 8 : 16, tile_length = std::min(panel, row_close ? row_length : 16);
-  const int64_t share_rows = row_close ? tile_rows : rows, share_length = row_close ? row_length : tile_length;
+  bool taps_close = true;
+  int64_t tap_low = 0, tap_high = 0;
+  for (int64_t offset : tap_offsets) {
+    taps_close = taps_close && offset >= 0 && offset < 16;
+    tap_low = std::min(tap_low, offset), tap_high = std::max(tap_high, offset);
+  }
+  // Rows far apart whose elements each hold their taps in one window wider than a vector (an NCHW
+  // 5x5 or 7x7 weight, its 25 or 49 taps side by side): row by row, 16 elements at a time
+  // (copy_windows_taps). In 16 x 16 tiles tap after tap, each tap's pass read a line for every
+  // element, and an NCHW 7x7 192 -> 192 on 17x17 spent a quarter of its time packing (Zen 3, 1
+  // thread).
+  const bool windows_first = !row_close && !taps_close && taps > 1 && tap_high - tap_low < std::abs(along_row) &&
+                             down_rows != 1;
+  // A thread's share: 8 whole rows where a row lies close (or goes by windows), else 16 columns of
+  // every row, so that the weight is read as a few runs that each move forward.
+  const bool by_rows = row_close || windows_first;
+  const int64_t tile_rows = by_rows ? 8 : 16, tile_length = std::min(panel, by_rows ? row_length : 16);
+  const int64_t share_rows = by_rows ? tile_rows : rows, share_length = by_rows ? row_length : tile_length;
   const int64_t row_shares = (rows + share_rows - 1) / share_rows;
   const int64_t column_shares = (row_length + share_length - 1) / share_length;
   const int64_t per_share = std::max<int64_t>(1, share_rows * share_length * taps);
@@ -161,8 +206,6 @@ void pack_tap_matrices(const Problem& p, const std::vector<int64_t>& tap_offsets
   // Rows whose elements each hold every tap side by side (an NCHW weight [co][ci][kh][kw] as A):
   // copy_tap_windows. Element by element the packing took about a quarter of an NCHW 3x3/2 256 ->
   // 512 call on 14x14 (1.41-1.49 -> 1.28-1.30 of torch's time).
-  bool taps_close = true;
-  for (int64_t offset : tap_offsets) taps_close = taps_close && offset >= 0 && offset < 16;
   const bool turn_windows = kTurnTiles<T> && taps_close && row_close && along_row > 1 && i_step == 1;
   // Their columns, where the rows lie close instead (a conv_transpose2d's NCHW weight as A, the
   // input gradient of a conv2d): turn_tap_columns. Element by element the packing took more than a
@@ -199,6 +242,15 @@ void pack_tap_matrices(const Problem& p, const std::vector<int64_t>& tap_offsets
             for (int64_t r = r0; r < r1; ++r) {
               copy_tap_windows(group + r * down_rows, along_row, i0, i1, tap_offsets, w_end,
                                [&](int64_t t, int64_t i) { return dst_of(g, t, r, i); });
+            }
+            continue;
+          }
+          if (windows_first) {
+            for (int64_t r = r0; r < r1; ++r) {
+              for (int64_t j0 = i0; j0 < i1; j0 += 16) {
+                copy_windows_taps(group + r * down_rows, along_row, j0, std::min(i1, j0 + 16), tap_offsets, i_step, w_end,
+                                  [&](int64_t t) { return dst_of(g, t, r, j0); });
+              }
             }
             continue;
           }
