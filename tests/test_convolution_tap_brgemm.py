@@ -123,6 +123,9 @@ CASES = [
     ("conv_transpose2d", 1, 48, 32, 1, (3, 3), (9, 8), {"padding": 1}, False),
     ("conv_transpose2d", 1, 32, 36, 2, (3, 3), (6, 7), {"stride": 2, "padding": 1, "output_padding": 1, "groups": 2},
      True),
+    # kernels narrower than the stride: the residue planes no tap reads are left unfilled
+    ("conv2d", 2, 48, 40, 1, (1, 1), (13, 12), {"stride": 2}, True),
+    ("conv2d", 1, 32, 24, 1, (2, 2), (14, 11), {"stride": (3, 2)}, False),
 ]
 def served_images() -> int:
     counts = fuel_torch._C.path_counts()

@@ -35,6 +35,13 @@ struct PaddedPlanes {
   int64_t step_h = 1, step_w = 1;  // residues per axis (the input step: conv2d's stride, else 1)
   int64_t min_h = 0, min_w = 0;    // the smallest plane shift a tap reads (negative: padding)
   int64_t Hp = 0, Wp = 0, size = 0;
+  // Per residue along each axis, whether a tap reads it: a kernel narrower than the stride (a 1x1
+  // at stride 2) reads one residue of two, and the fills leave the planes of the others unwritten.
+  // A float32 NCHW 1x1 256 -> 512 at stride 2 on 56x56 spent a fifth of its time filling planes no
+  // brgemm read (Zen 3, 1 thread).
+  // Empty (a step above 64): every residue counts as read.
+  std::vector<char> read_h, read_w;
+  bool read(int64_t rh, int64_t rw) const { return (read_h.empty() || read_h[rh]) && (read_w.empty() || read_w[rw]); }
 };
 
 inline PaddedPlanes padded_planes(const Axis& ax_h, const Axis& ax_w, int64_t block_width) {
@@ -54,6 +61,15 @@ inline PaddedPlanes padded_planes(const Axis& ax_h, const Axis& ax_w, int64_t bl
   };
   pl.Hp = extent(ax_h, pl.min_h);
   pl.Wp = extent(ax_w, pl.min_w);
+  auto residues_read = [](const Axis& ax) {
+    std::vector<char> read(ax.in_step <= 64 ? ax.in_step : 0, 0);
+    for (const Phase& ph : ax.phases) {
+      if (read.empty()) break;
+      for (const Tap& t : ph.taps) read[split(t.offset, ax.in_step).r] = 1;
+    }
+    return read;
+  };
+  pl.read_h = residues_read(ax_h), pl.read_w = residues_read(ax_w);
   // A task's last vector block may run up to block_width - 1 past its last grid row, and every
   // tap's run starts up to Wp - count columns after its row: the slack keeps those reads inside.
   pl.size = pl.Hp * pl.Wp + pl.Wp + block_width;
@@ -116,6 +132,7 @@ void fill_planes_from_channels_last(const Problem& p, const PaddedPlanes& pl, co
     for (int64_t index = first; index < last; ++index) {
       const int64_t rw = index % pl.step_w, rh = index / pl.step_w % pl.step_h;
       const int64_t group = index / per_channel % groups, n = index / per_channel / groups;
+      if (!pl.read(rh, rw)) continue;
       const int64_t c0 = group * V, count = std::min(V, p.Cin - c0);
       acc_t* const dst = planes + ((n * p.Cin + c0) * per_channel + rh * pl.step_w + rw) * pl.size;  // channel c0's
       const auto [lo, hi] = plane_columns(p, pl, rw);
@@ -160,6 +177,7 @@ void fill_padded_planes(const Problem& p, const PaddedPlanes& pl, const scalar_t
   at::parallel_for(0, p.N * p.Cin * per_channel, std::max<int64_t>(1, (1 << 14) / pl.size), [&](int64_t first, int64_t last) {
     for (int64_t index = first; index < last; ++index) {
       const int64_t rw = index % pl.step_w, rh = index / pl.step_w % pl.step_h, plane = index / per_channel;
+      if (!pl.read(rh, rw)) continue;
       const scalar_t* src = x + plane / p.Cin * xl.n + plane % p.Cin * xl.c;
       acc_t* dst = planes + index * pl.size;
       const auto [lo, hi] = plane_columns(p, pl, rw);
