@@ -153,6 +153,62 @@ void copy_windows_taps(const T* row, int64_t along_row, int64_t j0, int64_t j1, 
   }
 }
 
+// How pack_tap_matrices copies one weight: its strides along a matrix row and down its rows, the
+// tiles a thread's share is cut into, and which of the turned copies below serve it.
+struct PackRoute {
+  int64_t rows = 0, row_length = 0, along_row = 0, down_rows = 0;
+  int64_t tile_rows = 0, tile_length = 0, share_rows = 0, share_length = 0;
+  bool turn_tiles = false, turn_windows = false, turn_columns = false, windows_first = false;
+};
+
+template <typename T>
+PackRoute pack_route(const Problem& p, const std::vector<int64_t>& tap_offsets, bool rows_are_outputs, int64_t i_step,
+                     int64_t panel, const int64_t* ws) {
+  PackRoute rt;
+  const int64_t Cin_g = p.Cin / p.groups, Cout_g = p.Cout / p.groups;
+  const int64_t taps = static_cast<int64_t>(tap_offsets.size());
+  rt.rows = rows_are_outputs ? Cout_g : Cin_g, rt.row_length = rows_are_outputs ? Cin_g : Cout_g;
+  // conv2d's weight is [Cout][Cin_g], conv_transpose2d's [Cin][Cout_g] (weight_offset, kernel_common.h).
+  const int64_t ci_stride = p.transpose ? ws[0] : ws[1], co_stride = p.transpose ? ws[1] : ws[0];
+  rt.along_row = rows_are_outputs ? ci_stride : co_stride;
+  rt.down_rows = rows_are_outputs ? co_stride : ci_stride;
+  const bool row_close = std::abs(rt.along_row) <= 16;
+  bool taps_close = true;
+  int64_t tap_low = 0, tap_high = 0;
+  for (int64_t offset : tap_offsets) {
+    taps_close = taps_close && offset >= 0 && offset < 16;
+    tap_low = std::min(tap_low, offset), tap_high = std::max(tap_high, offset);
+  }
+  // Rows far apart whose elements each hold their taps in one window wider than a vector (an NCHW
+  // 5x5 or 7x7 weight, its 25 or 49 taps side by side): row by row, 16 elements at a time
+  // (copy_windows_taps). In 16 x 16 tiles tap after tap, each tap's pass read a line for every
+  // element, and an NCHW 7x7 192 -> 192 on 17x17 spent a quarter of its time packing (Zen 3, 1
+  // thread).
+  rt.windows_first = !row_close && !taps_close && taps > 1 && tap_high - tap_low < std::abs(rt.along_row) &&
+                     rt.down_rows != 1;
+  // A thread's share: 8 whole rows where a row lies close (or goes by windows), else 16 columns of
+  // every row, so that the weight is read as a few runs that each move forward.
+  const bool by_rows = row_close || rt.windows_first;
+  rt.tile_rows = by_rows ? 8 : 16, rt.tile_length = std::min(panel, by_rows ? rt.row_length : 16);
+  rt.share_rows = by_rows ? rt.tile_rows : rt.rows, rt.share_length = by_rows ? rt.row_length : rt.tile_length;
+  // Far-apart rows of float whose elements run down the rows (a 1x1 weight as [ci][co], a
+  // channels_last one): a whole tile's 16 rows of 16 loaded as vectors and turned round in
+  // registers (tiles.h). Element by element every load missed L1 (16 lines 8 KiB apart share one
+  // set), and the packing took more than half of a channels_last 1x1 2048 -> 512 call on 7x7 (Zen 3,
+  // 1 thread: 1.9-2.15 -> 1.09 of torch's time).
+  rt.turn_tiles = kTurnTiles<T> && !row_close && rt.down_rows == 1 && i_step == 1;
+  // Rows whose elements each hold every tap side by side (an NCHW weight [co][ci][kh][kw] as A):
+  // copy_tap_windows. Element by element the packing took about a quarter of an NCHW 3x3/2 256 ->
+  // 512 call on 14x14 (1.41-1.49 -> 1.28-1.30 of torch's time).
+  rt.turn_windows = kTurnTiles<T> && taps_close && row_close && rt.along_row > 1 && i_step == 1;
+  // Their columns, where the rows lie close instead (a conv_transpose2d's NCHW weight as A, the
+  // input gradient of a conv2d): turn_tap_columns. Element by element the packing took more than a
+  // quarter of a 3x3 512 -> 512 conv_transpose2d on 14x14.
+  rt.turn_columns =
+      kTurnTiles<T> && taps_close && !row_close && rt.down_rows > 1 && rt.down_rows <= 16 && i_step == 1;
+  return rt;
+}
+
 // The brgemm paths' weights: per group, one matrix per spatial tap (tap_offsets: where each tap
 // lies in the weight, in the order the matrices go), copied as they are. A matrix row is an output
 // channel's input channels (rows_are_outputs) or an input channel's output channels; dst(g, t, r, i)
@@ -167,70 +223,34 @@ void copy_windows_taps(const T* row, int64_t along_row, int64_t j0, int64_t j1, 
 template <typename T, typename Destination>
 void pack_tap_matrices(const Problem& p, const std::vector<int64_t>& tap_offsets, bool rows_are_outputs,
                        int64_t i_step, int64_t panel, const T* w, const int64_t* ws, Destination&& dst_of) {
-  const int64_t G = p.groups, Cin_g = p.Cin / G, Cout_g = p.Cout / G;
+  const PackRoute rt = pack_route<T>(p, tap_offsets, rows_are_outputs, i_step, panel, ws);
   const int64_t taps = static_cast<int64_t>(tap_offsets.size());
-  const int64_t rows = rows_are_outputs ? Cout_g : Cin_g, row_length = rows_are_outputs ? Cin_g : Cout_g;
-  // The weight's strides along a matrix row and down its rows: conv2d's weight is [Cout][Cin_g],
-  // conv_transpose2d's [Cin][Cout_g] (weight_offset, kernel_common.h).
-  const int64_t ci_stride = p.transpose ? ws[0] : ws[1], co_stride = p.transpose ? ws[1] : ws[0];
-  const int64_t along_row = rows_are_outputs ? ci_stride : co_stride;
-  const int64_t down_rows = rows_are_outputs ? co_stride : ci_stride;
-  const bool row_close = std::abs(along_row) <= 16;
-  bool taps_close = true;
-  int64_t tap_low = 0, tap_high = 0;
-  for (int64_t offset : tap_offsets) {
-    taps_close = taps_close && offset >= 0 && offset < 16;
-    tap_low = std::min(tap_low, offset), tap_high = std::max(tap_high, offset);
-  }
-  // Rows far apart whose elements each hold their taps in one window wider than a vector (an NCHW
-  // 5x5 or 7x7 weight, its 25 or 49 taps side by side): row by row, 16 elements at a time
-  // (copy_windows_taps). In 16 x 16 tiles tap after tap, each tap's pass read a line for every
-  // element, and an NCHW 7x7 192 -> 192 on 17x17 spent a quarter of its time packing (Zen 3, 1
-  // thread).
-  const bool windows_first = !row_close && !taps_close && taps > 1 && tap_high - tap_low < std::abs(along_row) &&
-                             down_rows != 1;
-  // A thread's share: 8 whole rows where a row lies close (or goes by windows), else 16 columns of
-  // every row, so that the weight is read as a few runs that each move forward.
-  const bool by_rows = row_close || windows_first;
-  const int64_t tile_rows = by_rows ? 8 : 16, tile_length = std::min(panel, by_rows ? row_length : 16);
-  const int64_t share_rows = by_rows ? tile_rows : rows, share_length = by_rows ? row_length : tile_length;
-  const int64_t row_shares = (rows + share_rows - 1) / share_rows;
-  const int64_t column_shares = (row_length + share_length - 1) / share_length;
-  const int64_t per_share = std::max<int64_t>(1, share_rows * share_length * taps);
-  // Far-apart rows of float whose elements run down the rows (a 1x1 weight as [ci][co], a
-  // channels_last one): a whole tile's 16 rows of 16 loaded as vectors and turned round in
-  // registers (tiles.h). Element by element every load missed L1 (16 lines 8 KiB apart share one
-  // set), and the packing took more than half of a channels_last 1x1 2048 -> 512 call on 7x7 (Zen 3,
-  // 1 thread: 1.9-2.15 -> 1.09 of torch's time).
-  const bool turn_tiles = kTurnTiles<T> && !row_close && down_rows == 1 && i_step == 1;
-  // Rows whose elements each hold every tap side by side (an NCHW weight [co][ci][kh][kw] as A):
-  // copy_tap_windows. Element by element the packing took about a quarter of an NCHW 3x3/2 256 ->
-  // 512 call on 14x14 (1.41-1.49 -> 1.28-1.30 of torch's time).
-  const bool turn_windows = kTurnTiles<T> && taps_close && row_close && along_row > 1 && i_step == 1;
-  // Their columns, where the rows lie close instead (a conv_transpose2d's NCHW weight as A, the
-  // input gradient of a conv2d): turn_tap_columns. Element by element the packing took more than a
-  // quarter of a 3x3 512 -> 512 conv_transpose2d on 14x14.
-  const bool turn_columns = kTurnTiles<T> && taps_close && !row_close && down_rows > 1 && down_rows <= 16 && i_step == 1;
+  const int64_t rows = rt.rows, row_length = rt.row_length, along_row = rt.along_row, down_rows = rt.down_rows;
+  const int64_t tile_rows = rt.tile_rows, tile_length = rt.tile_length;
+  const int64_t row_shares = (rows + rt.share_rows - 1) / rt.share_rows;
+  const int64_t column_shares = (row_length + rt.share_length - 1) / rt.share_length;
+  const int64_t per_share = std::max<int64_t>(1, rt.share_rows * rt.share_length * taps);
   const T* const w_end = weight_end(p, w, ws);
-  at::parallel_for(0, G * row_shares * column_shares, std::max<int64_t>(1, (1 << 16) / per_share),
+  at::parallel_for(0, p.groups * row_shares * column_shares, std::max<int64_t>(1, (1 << 16) / per_share),
                    [&](int64_t first, int64_t last) {
     for (int64_t share = first; share < last; ++share) {
       const int64_t g = share / (row_shares * column_shares);
-      const int64_t row_lo = share / column_shares % row_shares * share_rows, row_hi = std::min(rows, row_lo + share_rows);
-      const int64_t i_lo = share % column_shares * share_length, i_hi = std::min(row_length, i_lo + share_length);
+      const int64_t row_lo = share / column_shares % row_shares * rt.share_rows;
+      const int64_t row_hi = std::min(rows, row_lo + rt.share_rows);
+      const int64_t i_lo = share % column_shares * rt.share_length, i_hi = std::min(row_length, i_lo + rt.share_length);
       const T* group = w + weight_offset(p, ws, g, 0, 0);
       for (int64_t r0 = row_lo; r0 < row_hi; r0 += tile_rows) {
         const int64_t r1 = std::min(row_hi, r0 + tile_rows);
         for (int64_t i0 = i_lo; i0 < i_hi; i0 += tile_length) {
           const int64_t i1 = std::min(i_hi, i0 + tile_length);
-          if (turn_tiles && r1 - r0 == 16 && i1 - i0 == 16) {
+          if (rt.turn_tiles && r1 - r0 == 16 && i1 - i0 == 16) {
             for (int64_t t = 0; t < taps; ++t) {
               T* dst = dst_of(g, t, r0, i0);
               turn_tile(group + tap_offsets[t] + r0 + i0 * along_row, along_row, dst, dst_of(g, t, r0 + 1, i0) - dst);
             }
             continue;
           }
-          if (turn_columns && r1 - r0 == 16 && i1 - i0 == 16) {
+          if (rt.turn_columns && r1 - r0 == 16 && i1 - i0 == 16) {
             const T* src = group + i0 * along_row + r0 * down_rows;
             if (src + 15 * along_row + 15 * down_rows + 16 <= w_end) {
               turn_tap_columns(src, along_row, down_rows, tap_offsets,
@@ -238,14 +258,14 @@ void pack_tap_matrices(const Problem& p, const std::vector<int64_t>& tap_offsets
               continue;
             }
           }
-          if (turn_windows) {
+          if (rt.turn_windows) {
             for (int64_t r = r0; r < r1; ++r) {
               copy_tap_windows(group + r * down_rows, along_row, i0, i1, tap_offsets, w_end,
                                [&](int64_t t, int64_t i) { return dst_of(g, t, r, i); });
             }
             continue;
           }
-          if (windows_first) {
+          if (rt.windows_first) {
             for (int64_t r = r0; r < r1; ++r) {
               for (int64_t j0 = i0; j0 < i1; j0 += 16) {
                 copy_windows_taps(group + r * down_rows, along_row, j0, std::min(i1, j0 + 16), tap_offsets, i_step, w_end,
