@@ -35,7 +35,7 @@ inline int64_t taps_per_piece(int64_t sharing) {
 // weights start on a block.
 constexpr int64_t kChannelChunk = 42 * kChannelBlock;
 constexpr int kNarrowBlock = 4;  // channels per block where the task's count is a multiple of 4, not of 6
-static_assert(kChannelChunk % kNarrowBlock == 0, "a chunk must hold whole narrow blocks too");
+static_assert(kChannelChunk % kNarrowBlock == 0 && kNarrowBlock <= kChannelBlock, "a chunk must hold whole narrow blocks too");
 
 // The channel block of a task with `rows` channels: kChannelBlock x kVectorBlock, or, where that
 // would leave a short last block (64 = 10 x 6 + 4, 16 = 2 x 6 + 4), kNarrowBlock x 3 vectors: the

@@ -52,12 +52,21 @@ void pack_chassis_weights(const Problem& p, const Axis& ax_h, const Axis& ax_w, 
           for (const Tap& b : tw) tap_offsets.push_back((p.transpose ? ci * ws[0] : ci * ws[1]) + a.k * ws[2] + b.k * ws[3]);
         }
       }
-      for (int64_t co = 0; co < Cout_g; ++co) {
-        const scalar_t* src = w + (p.transpose ? g * Cin_g * ws[0] + co * ws[1] : (g * Cout_g + co) * ws[0]);
-        // Row co's taps lie `step` apart from its first (packed_weight_index).
-        acc_t* row = dst + packed_weight_index(co, 0, Cout_g, taps);
-        const int64_t step = packed_weight_index(co, 1, Cout_g, taps) - packed_weight_index(co, 0, Cout_g, taps);
-        for (int64_t t = 0; t < taps; ++t) row[t * step] = static_cast<acc_t>(src[tap_offsets[t]]);
+      // Block by block (packed_weight_index: a block's rows tap-major), each written front to back:
+      // row by row, every row's taps `rows` apart, each block's lines were written once per row (a
+      // 6-row block of a float64 512 -> 512 3x3, 221 KiB, six times over).
+      for (int64_t co0 = 0; co0 < Cout_g;) {
+        const int64_t rows = packed_weight_index(co0, 1, Cout_g, taps) - packed_weight_index(co0, 0, Cout_g, taps);
+        TORCH_INTERNAL_ASSERT(rows >= 1 && rows <= kChannelBlock);  // no message arguments: compiled per level
+        const scalar_t* src[kChannelBlock];
+        for (int64_t c = 0; c < rows; ++c) {
+          src[c] = w + (p.transpose ? g * Cin_g * ws[0] + (co0 + c) * ws[1] : (g * Cout_g + co0 + c) * ws[0]);
+        }
+        acc_t* block = dst + packed_weight_index(co0, 0, Cout_g, taps);
+        for (int64_t t = 0; t < taps; ++t) {
+          for (int64_t c = 0; c < rows; ++c) block[t * rows + c] = static_cast<acc_t>(src[c][tap_offsets[t]]);
+        }
+        co0 += rows;
       }
     }
   });
