@@ -63,8 +63,8 @@ inline PaddedPlanes padded_planes(const Axis& ax_h, const Axis& ax_w, int64_t bl
   pl.Wp = extent(ax_w, pl.min_w);
   auto residues_read = [](const Axis& ax) {
     std::vector<char> read(ax.in_step <= 64 ? ax.in_step : 0, 0);
+    if (read.empty()) return read;
     for (const Phase& ph : ax.phases) {
-      if (read.empty()) break;
       for (const Tap& t : ph.taps) read[split(t.offset, ax.in_step).r] = 1;
     }
     return read;
