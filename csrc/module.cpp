@@ -110,6 +110,7 @@ void install_geometry(const py::dict& table) {
 }  // namespace
 
 namespace fuel {
+bool scratch_poisoned();  // convolution/scratch.cpp
 void streaming_triad(const at::Tensor& lhs, const at::Tensor& rhs, const at::Tensor& out);  // elementwise.cpp
 
 FUEL_DECLARE_KERNELS(PeakProbes, peak_probes)
@@ -136,5 +137,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("install_rules", &install_rules, "Install the accept/return clauses parsed from contracts/.");
   m.def("install_geometry", &install_geometry,
         "Install the convolution geometry checks compiled from contracts/convolution.geometry.yaml.");
+  m.def("scratch_poisoned", &fuel::scratch_poisoned,
+        "Whether the convolution kernels' scratch buffers start as NaN in this process (FUEL_POISON_SCRATCH=1, "
+        "read once): the tests' check that no kernel reads scratch it did not write.");
   fuel::bind_cpu_capability(m);
 }

@@ -10,6 +10,7 @@
 #include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <type_traits>
 #include <vector>
@@ -21,6 +22,10 @@
 #endif
 
 namespace fuel {
+
+// Whether scratch buffers start poisoned (FUEL_POISON_SCRATCH=1, read once per process; scratch.cpp).
+bool scratch_poisoned();
+
 namespace CPU_CAPABILITY {
 
 using at::vec::Vectorized;
@@ -69,9 +74,13 @@ inline void prefetch_for_write(const void* begin, int64_t bytes) {
 
 // Scratch that the kernel writes in full before it reads it: left unfilled (a std::vector fills
 // its elements, which took 6% of a 1x1 convolution's time for the padded input planes alone).
+// Under FUEL_POISON_SCRATCH=1 every byte starts at 0xFF, a NaN in every floating dtype, so that an
+// element read before it is written reaches the output (tests/test_scratch_poisoned.py).
 template <typename T>
 inline std::unique_ptr<T[]> scratch(int64_t n) {
-  return std::make_unique_for_overwrite<T[]>(static_cast<size_t>(n));
+  auto buffer = std::make_unique_for_overwrite<T[]>(static_cast<size_t>(n));
+  if (scratch_poisoned()) std::memset(static_cast<void*>(buffer.get()), 0xFF, static_cast<size_t>(n) * sizeof(T));
+  return buffer;
 }
 
 template <typename T>
