@@ -392,6 +392,27 @@ def test_every_channel_blocking(cout, groups, dtype):
                      {"padding": 1, "groups": groups})
 
 
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last], ids=["nchw", "nhwc"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_tasks_with_weights_past_a_mebibyte(dtype, memory_format):
+    """Where one task's packed weights pass 1 MiB (252 channels x 1152 taps: 1.1 MiB in float32, 2.2 in
+    float64) the planar path gives its tasks more grid rows. The rows per task choose only which
+    sums are computed together: the outputs hold the dtype's oracle, the same bits on 1, 2 and 3
+    threads, and (float64, float16: always the planar path) the first 8 channels are the bits of a
+    call with only those 8 (the default rows per task). float32 and bfloat16 take a brgemm path
+    where the CPU has one, and which one can depend on the channel count."""
+    generator = torch.Generator().manual_seed(11)
+    geometry = {"padding": 1}
+    x, w, b = operands("conv2d", 2, 128, 260, 1, (3, 3), (9, 23), True, dtype, generator)
+    x = x.contiguous(memory_format=memory_format)
+    everything = fuel_torch.conv2d(x, w, b, **geometry)
+    check_values("conv2d", everything.contiguous(), x.contiguous(), w, b, geometry)
+    if dtype in (torch.float64, torch.float16):
+        few = fuel_torch.conv2d(x, w[:8].contiguous(), b[:8], **geometry)
+        assert reference.bit_equal(few, everything[:, :8])
+    assert_same_bits_for_every_thread_count("conv2d", x, w, b, geometry, everything)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("op,geometry", [("conv2d", {"padding": 1}), ("conv_transpose2d", {"stride": 2, "padding": 1})],
                          ids=["conv2d", "transpose_s2"])
