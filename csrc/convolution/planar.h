@@ -284,11 +284,11 @@ void convolve_planar(const Problem& p, const ChassisPlan& plan, const PaddedPlan
   int64_t max_rows = 1;
   for (const Phase& ph : plan.ax_h.phases) max_rows = std::max(max_rows, ph.count);
   // Grid rows per task: as many as keep the running totals within kScratchBytes, but enough tasks
-  // for every thread. Any split gives the same bits. Where a task's weights pass 1 MiB (they come
-  // from L3 whatever the block), the totals may take as many bytes as the weights, up to 4 MiB:
-  // fewer, longer tasks. float64 512 -> 512 3x3 on 14x14: 48-53 -> 41-49 ms at 1 thread, 47-53 ->
-  // 45-48 at 2, channels_last 58-60 -> 51-57; bfloat16 22.2 -> 19.8 ms (Zen 3, same process). Below
-  // 1 MiB the weights stay in L2 across tasks: there it moved a float64 CIFAR 3x3 +6%, a ResNet one -6%.
+  // for every thread. Any split gives the same bits. Where a task's weights pass 1 MiB (twice the
+  // L2 of the Zen 3 measured), the totals may take as many bytes as the weights, up to 4 MiB: fewer,
+  // longer tasks. float64 512 -> 512 3x3 on 14x14: 48-53 -> 41-49 ms at 1 thread, 47-53 -> 45-48 at
+  // 2, channels_last 58-60 -> 51-57; bfloat16 22.2 -> 19.8 ms (Zen 3, same process). With fewer
+  // weights the same rule moved a float64 CIFAR 3x3 +6% and a ResNet one -6%, so they keep the 128 KiB.
   const int64_t weight_bytes = plan.chunk_rows * plan.max_taps * static_cast<int64_t>(sizeof(acc_t));
   const int64_t totals_bytes = weight_bytes > (1 << 20) ? std::min<int64_t>(weight_bytes, 4 << 20) : kScratchBytes;
   const int64_t budget = totals_bytes / static_cast<int64_t>(sizeof(acc_t)) / plan.chunk_rows;
